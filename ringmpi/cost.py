@@ -1,0 +1,159 @@
+"""The alpha-beta-gamma cost model and the lecture's back-of-the-envelope estimates.
+
+A message of n bytes costs alpha + n beta; reducing n bytes costs n gamma. Each algorithm
+module registers its own formula next to its schedule (critical-path counts of messages,
+bytes moved and bytes reduced, plus traffic per rank), so the model, the code and the
+simulator's counts can be checked against each other.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+__all__ = ["Cost", "Profile", "LECTURE", "cost", "predict", "best_segments",
+           "pipeline_time", "crossover", "dp_step", "train_flops", "training_state_bytes",
+           "gpu_hours", "mfu", "model_parallel_share", "parameter_server_time"]
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Critical-path counts: time = alphas*alpha + beta_bytes*beta + gamma_bytes*gamma."""
+    alphas: float
+    beta_bytes: float
+    gamma_bytes: float
+    rounds: int
+    busiest_sent: float   # bytes sent by the busiest rank
+    avg_sent: float       # bytes sent by the average rank
+
+    def time(self, prof: "Profile") -> float:
+        return (prof.overhead + self.alphas * prof.alpha + self.beta_bytes * prof.beta
+                + self.gamma_bytes * prof.gamma)
+
+
+@dataclass
+class Profile:
+    """Machine parameters: alpha (s/message), beta (s/byte), gamma (s/byte reduced), and a
+    fixed per-call overhead of ringmpi's Python layer. `measured` holds a tuning table,
+    {collective: {algorithm: [[bytes, seconds], ...]}}, taken at `world_size` ranks."""
+    alpha: float
+    beta: float
+    gamma: float = 0.0
+    overhead: float = 0.0
+    name: str = "custom"
+    world_size: int | None = None
+    measured: dict = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def bandwidth(self) -> float:
+        return 1.0 / self.beta if self.beta else math.inf
+
+    def save(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(asdict(self), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Profile":
+        return cls(**json.loads(Path(path).read_text()))
+
+
+#: The lecture's network: alpha = 5 us, B = 25 GB/s, reduction free.
+LECTURE = Profile(alpha=5e-6, beta=1 / 25e9, gamma=0.0, name="lecture (5 us, 25 GB/s)")
+
+
+def cost(collective: str, algorithm: str, p: int, count: int, itemsize: int = 1, **params) -> Cost:
+    from .schedules import get
+    alg = get(collective, algorithm)
+    if alg.cost is None:
+        raise ValueError(f"{collective}/{algorithm} has no formula (the MPI library's own is measured)")
+    return alg.cost(p, count, itemsize, **params)
+
+
+def predict(collective: str, algorithm: str, p: int, nbytes: int, prof: Profile = LECTURE, **params) -> float:
+    """Predicted seconds for `nbytes` (the whole vector; count = nbytes at itemsize 1)."""
+    return cost(collective, algorithm, p, nbytes, 1, **params).time(prof)
+
+
+def pipeline_time(p: int, nbytes: float, segments: int, alpha: float, beta: float) -> float:
+    """(p - 2 + S)(alpha + n/S beta): the segmented chain broadcast."""
+    if p <= 1:
+        return 0.0
+    return (p - 2 + segments) * (alpha + nbytes / segments * beta)
+
+
+def best_segments(p: int, nbytes: float, alpha: float, beta: float, max_segments: int | None = None):
+    """(exact best S by integer search, closed-form S* = sqrt((p-2) n beta / alpha)).
+
+    dT/dS = alpha - (p-2) n beta / S^2 = 0 gives S*; the integer search checks the
+    neighbourhood and the bounds (S >= 1, S <= max_segments, e.g. the element count).
+    """
+    hi = max_segments if max_segments is not None else max(1, int(nbytes))
+    star = math.sqrt((p - 2) * nbytes * beta / alpha) if alpha > 0 and p > 2 else (hi if alpha == 0 else 1.0)
+    cands = {1, hi, *(min(hi, max(1, int(math.floor(star)) + d)) for d in (-1, 0, 1, 2))}
+    best = min(sorted(cands), key=lambda s: pipeline_time(p, nbytes, s, alpha, beta))
+    return best, star
+
+
+def crossover(collective: str, a: str, b: str, p: int, prof: Profile = LECTURE,
+              lo: int = 1, hi: int = 1 << 40) -> int | None:
+    """Smallest message size (bytes) from which `b` is at least as fast as `a`, or None."""
+    def faster_b(n: int) -> bool:
+        return predict(collective, b, p, n, prof) <= predict(collective, a, p, n, prof)
+    if faster_b(lo):
+        return lo
+    if not faster_b(hi):
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if faster_b(mid) else (mid, hi)
+    return hi
+
+
+@dataclass(frozen=True)
+class DPStep:
+    workers: int
+    compute: float      # T1 / p
+    comm: float         # ring all-reduce of the gradients
+    step: float
+    speedup: float
+    comm_fraction: float
+
+
+def dp_step(t1: float, p: int, grad_bytes: float, prof: Profile = LECTURE, algorithm: str = "ring") -> DPStep:
+    """Data-parallel step without overlap: T1/p + T_comm; speedup T1 / that."""
+    comm = predict("allreduce", algorithm, p, int(grad_bytes), prof) - prof.overhead if p > 1 else 0.0
+    step = t1 / p + comm
+    return DPStep(p, t1 / p, comm, step, t1 / step, comm / step)
+
+
+def train_flops(params: float, tokens: float) -> float:
+    """6ND: forward (2ND) plus backward (4ND)."""
+    return 6.0 * params * tokens
+
+
+def training_state_bytes(params: float, bytes_per_param: float = 16.0) -> float:
+    """Mixed-precision Adam: fp16 weights and grads (2+2) + fp32 master, m, v (4+4+4)."""
+    return bytes_per_param * params
+
+
+def gpu_hours(flops: float, flops_per_gpu: float) -> float:
+    return flops / flops_per_gpu / 3600.0
+
+
+def mfu(params: float, tokens: float, hours: float, peak_flops: float) -> float:
+    """Model FLOPs utilisation implied by a reported run."""
+    return train_flops(params, tokens) / (hours * 3600.0 * peak_flops)
+
+
+def model_parallel_share(params: float, tensor: int, pipeline: int, bytes_per_param: float = 16.0) -> float:
+    """Training-state bytes per GPU when the model is split tensor x pipeline ways."""
+    return training_state_bytes(params, bytes_per_param) / (tensor * pipeline)
+
+
+def parameter_server_time(workers: int, nbytes: float, bandwidth: float, duplex: bool = False) -> float:
+    """One step of a parameter server's link: it receives K gradients and sends K copies of
+    the parameters, 2KN bytes (KN each way at once when the link is full duplex)."""
+    volume = workers * nbytes * (1 if duplex else 2)
+    return volume / bandwidth

@@ -1,0 +1,69 @@
+"""Reduction operations: names, numpy kernels and which dtypes each accepts (MPI-4.0 section 6.9.2)."""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["OPS", "op_name", "check_op_dtype", "SUPPORTED_DTYPES", "identity"]
+
+_INT = "iu"
+#: numpy kernel of each predefined MPI operation.
+OPS = {
+    "SUM": np.add,
+    "PROD": np.multiply,
+    "MAX": np.maximum,
+    "MIN": np.minimum,
+    "LAND": np.logical_and,
+    "LOR": np.logical_or,
+    "LXOR": np.logical_xor,
+    "BAND": np.bitwise_and,
+    "BOR": np.bitwise_or,
+    "BXOR": np.bitwise_xor,
+}
+# dtype kinds (numpy `dtype.kind`) valid for each op, as the MPI standard lists them:
+# SUM/PROD: integer, floating, complex; MAX/MIN: integer, floating;
+# logical ops: integer and logical; bitwise ops: integer (and byte).
+_VALID_KINDS = {
+    "SUM": "iufc", "PROD": "iufc", "MAX": "iuf", "MIN": "iuf",
+    "LAND": "iub", "LOR": "iub", "LXOR": "iub",
+    "BAND": "iu", "BOR": "iu", "BXOR": "iu",
+}
+#: dtypes with a predefined MPI datatype (numpy's float16/longdouble have none portable).
+SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (
+    "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float32", "float64", "complex64", "complex128", "bool"))
+
+
+def op_name(op: object) -> str:
+    """Normalise an op given as a name ("sum", "SUM") or an object with a predefined name.
+
+    mpi4py's `MPI.SUM` is translated by the communicator module (the only one that knows
+    mpi4py); here anything with a `.name`-like string form is accepted too.
+    """
+    if isinstance(op, str):
+        name = op.upper()
+    else:
+        name = getattr(op, "ringmpi_name", None) or str(op)
+        name = name.rsplit(".", 1)[-1].upper()
+    if name not in OPS:
+        raise ValueError(f"unknown reduction op {op!r}; expected one of {', '.join(OPS)}")
+    return name
+
+
+def check_op_dtype(op: str, dtype: np.dtype) -> str | None:
+    """Return why `op` is invalid for `dtype`, or None when it is valid."""
+    if dtype.kind not in _VALID_KINDS[op]:
+        return f"op {op} is not defined for dtype {dtype} (MPI allows it on kinds {_VALID_KINDS[op]!r})"
+    return None
+
+
+def identity(op: str, dtype: np.dtype):
+    """The neutral element of `op` for `dtype` (used to pad and to test)."""
+    dtype = np.dtype(dtype)
+    if op in ("SUM", "LOR", "LXOR", "BOR", "BXOR"):
+        return dtype.type(0)
+    if op in ("PROD", "LAND"):
+        return dtype.type(1)
+    if op == "BAND":
+        return dtype.type(~0) if dtype.kind == "i" else np.iinfo(dtype).max
+    info = np.iinfo(dtype) if dtype.kind in _INT else np.finfo(dtype)
+    return dtype.type(info.min if op == "MAX" else info.max)

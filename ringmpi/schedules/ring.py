@@ -1,0 +1,188 @@
+"""Ring algorithms: ring reduce-scatter, ring all-gather, ring all-reduce, ring reduce, and
+the segmented pipelined chain broadcast.
+
+Ring all-reduce on p ranks (the lecture's index schedule). Rank r sends to r+1, receives
+from r-1; the buffer is cut into p blocks (the first n % p one element longer):
+
+    reduce-scatter, round i = 0..p-2:  send block (r-i) mod p, receive and reduce (r-i-1) mod p
+    all-gather,     round i = 0..p-2:  send block (r-i+1) mod p, receive (r-i) mod p
+
+After the reduce-scatter rank r owns the fully reduced block (r+1) mod p. Every round is one
+MPI_Sendrecv of n/p bytes on every link at once:
+
+    T_ring_allreduce = 2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma
+    bytes sent by every rank: 2(p-1)/p n   (bandwidth optimal; busiest = average)
+
+Reduce-scatter and all-gather alone cost half of that each: (p-1) alpha + (p-1)/p n beta
+(+ (p-1)/p n gamma for the reduction). Each block is reduced at exactly one place, in ring
+order, then copied: every rank ends with the same bits.
+
+Pipelined broadcast along the chain root -> root+1 -> ... with the buffer cut into S segments:
+relative rank v receives segment s at step s+v-1 and forwards it at step s+v, so
+
+    T_pipeline = (p - 2 + S)(alpha + n/S beta)       (S = 1: the plain chain, (p-1)(alpha + n beta))
+"""
+from __future__ import annotations
+
+from . import block_counts, offsets, register
+
+__all__ = ["reduce_scatter_phase", "allgather_phase"]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def reduce_scatter_phase(t, src, off, op, out_for, shift: int = 0) -> int:
+    """Ring reduce-scatter of blocks `off` of `src`; returns the block this rank ends owning.
+
+    Round i sends block (r-i+shift) and reduces block (r-i-1+shift) into `out_for(i, c)`;
+    round 0 reads `src` directly and every reduction writes `out = received op src[c]`
+    (each received block is touched once, so there is no scratch copy of the input).
+    """
+    p, r = t.size, t.rank
+    right, left = (r + 1) % p, (r - 1) % p
+    tmp = t.empty(max(off[i + 1] - off[i] for i in range(p)), src.dtype)
+    prev = None
+    for i in range(p - 1):
+        s, c = (r - i + shift) % p, (r - i - 1 + shift) % p
+        send = src[off[s]:off[s + 1]] if i == 0 else prev
+        got = tmp[:off[c + 1] - off[c]]
+        t.sendrecv(send, right, got, left)
+        prev = out_for(i, c)
+        t.combine(op, got, src[off[c]:off[c + 1]], prev)
+    return (r + 1 + shift) % p
+
+
+def allgather_phase(t, buf, off, own: int, pos: int | None = None, base: int = 0) -> None:
+    """Ring all-gather in place: the rank at ring position `pos` holds block `own` of `buf`.
+
+    Ring positions map to ranks as rank = (pos + base) mod p, so the same phase serves a
+    ring rooted anywhere (scatter + all-gather broadcast).
+    """
+    p = t.size
+    pos = t.rank if pos is None else pos
+    right, left = (pos + 1 + base) % p, (pos - 1 + base) % p
+    for i in range(p - 1):
+        s, c = (own - i) % p, (own - i - 1) % p
+        t.sendrecv(buf[off[s]:off[s + 1]], right, buf[off[c]:off[c + 1]], left)
+
+
+def _allreduce_cost(p, count, itemsize, **_):
+    from ..cost import Cost
+    b = _cdiv(count, p) * itemsize
+    return Cost(alphas=2 * (p - 1), beta_bytes=2 * (p - 1) * b, gamma_bytes=(p - 1) * b,
+                rounds=2 * (p - 1), busiest_sent=2 * (p - 1) * b, avg_sent=2 * (p - 1) * b)
+
+
+@register("allreduce", "ring", _allreduce_cost)
+def allreduce(t, sendbuf, recvbuf, op):
+    p = t.size
+    if p == 1:
+        if sendbuf is not recvbuf:
+            recvbuf[...] = sendbuf
+        return
+    off = offsets(block_counts(sendbuf.size, p))
+    own = reduce_scatter_phase(t, sendbuf, off, op, lambda i, c: recvbuf[off[c]:off[c + 1]])
+    allgather_phase(t, recvbuf, off, own)
+
+
+def _half_cost(p, count, itemsize, reduce):
+    from ..cost import Cost
+    b = _cdiv(count, p) * itemsize
+    return Cost(alphas=p - 1, beta_bytes=(p - 1) * b, gamma_bytes=(p - 1) * b if reduce else 0,
+                rounds=p - 1, busiest_sent=(p - 1) * b, avg_sent=(p - 1) * b)
+
+
+@register("reduce_scatter", "ring", lambda p, count, itemsize, **_: _half_cost(p, count, itemsize, True))
+def reduce_scatter(t, sendbuf, recvbuf, op, counts):
+    p, r = t.size, t.rank
+    off = offsets(counts)
+    if p == 1:
+        if recvbuf is not sendbuf:
+            recvbuf[...] = sendbuf
+        return
+    # Two scratch blocks alternate as "just reduced" and "being reduced"; the last round
+    # reduces straight into recvbuf, so memory stays O(n/p) beyond the user's buffers.
+    width = max(counts)
+    work = [t.empty(width, sendbuf.dtype), t.empty(width, sendbuf.dtype)]
+
+    def out_for(i, c):
+        return recvbuf if i == p - 2 else work[i % 2][:counts[c]]
+    own = reduce_scatter_phase(t, sendbuf, off, op, out_for, shift=-1)
+    assert own == r
+
+
+@register("allgather", "ring", lambda p, count, itemsize, **_: _half_cost(p, count, itemsize, False))
+def allgather(t, sendbuf, recvbuf, counts):
+    off = offsets(counts)
+    r = t.rank
+    mine = recvbuf[off[r]:off[r + 1]]
+    if sendbuf is not mine:
+        mine[...] = sendbuf
+    allgather_phase(t, recvbuf, off, r)
+
+
+def _reduce_cost(p, count, itemsize, **_):
+    from ..cost import Cost
+    b = _cdiv(count, p) * itemsize
+    rs = _half_cost(p, count, itemsize, True)
+    # then the p-1 reduced blocks converge on the root at once
+    return Cost(alphas=rs.alphas + 1, beta_bytes=rs.beta_bytes + (p - 1) * b,
+                gamma_bytes=rs.gamma_bytes, rounds=p, busiest_sent=rs.busiest_sent + b,
+                avg_sent=rs.avg_sent + (p - 1) * b / p)
+
+
+@register("reduce", "ring", _reduce_cost)
+def reduce(t, sendbuf, recvbuf, op, root):
+    """Ring reduce-scatter, then every rank sends its reduced block to the root."""
+    p, r = t.size, t.rank
+    if p == 1:
+        if recvbuf is not sendbuf:
+            recvbuf[...] = sendbuf
+        return
+    counts = block_counts(sendbuf.size, p)
+    off = offsets(counts)
+    if r == root:
+        mine = t.empty(counts[r], sendbuf.dtype)
+        reduce_scatter(t, sendbuf, mine, op, counts)
+        recvs = [(recvbuf[off[q]:off[q + 1]], q) for q in range(p) if q != root]
+        t.exchange([], recvs)
+        recvbuf[off[r]:off[r + 1]] = mine
+    else:
+        mine = t.empty(counts[r], sendbuf.dtype)
+        reduce_scatter(t, sendbuf, mine, op, counts)
+        t.exchange([(mine, root)], [])
+
+
+def segment_counts(count: int, segments: int) -> list[int]:
+    return block_counts(count, max(1, min(segments, count)) if count else 1)
+
+
+def _pipeline_cost(p, count, itemsize, segments=1, **_):
+    from ..cost import Cost
+    segs = len(segment_counts(count, segments))
+    seg = _cdiv(count, segs) * itemsize
+    steps = p - 2 + segs if p > 1 else 0
+    return Cost(alphas=steps, beta_bytes=steps * seg, gamma_bytes=0, rounds=steps,
+                busiest_sent=count * itemsize if p > 1 else 0,
+                avg_sent=count * itemsize * (p - 1) / p)
+
+
+@register("broadcast", "pipeline", _pipeline_cost)
+def broadcast(t, buf, root, segments):
+    p = t.size
+    if p == 1:
+        return
+    v = (t.rank - root) % p
+    right = (t.rank + 1) % p if v < p - 1 else None
+    left = (t.rank - 1) % p if v > 0 else None
+    off = offsets(segment_counts(buf.size, segments))
+    nseg = len(off) - 1
+    # step k: forward segment k-v (received last step), receive segment k-v+1
+    for k in range(max(v - 1, 0), v + nseg):
+        s_out, s_in = k - v, k - v + 1
+        send = buf[off[s_out]:off[s_out + 1]] if right is not None and 0 <= s_out < nseg else None
+        recv = buf[off[s_in]:off[s_in + 1]] if left is not None and 0 <= s_in < nseg else None
+        if send is not None or recv is not None:
+            t.sendrecv(send, right, recv, left)

@@ -1,0 +1,130 @@
+"""Bad input raises a clear error naming the call, the rank, what was expected and what
+came, before any message is sent (the transport counters do not move)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import ringmpi
+from ringmpi.mpicomm import transport
+
+COMM = MPI.COMM_WORLD
+P, R = COMM.size, COMM.rank
+
+
+def raises_before_sending(fn, *patterns):
+    t = transport(COMM)
+    before = t.counters.snapshot()
+    with pytest.raises(ringmpi.RingmpiUsageError) as info:
+        fn()
+    msg = str(info.value)
+    assert f"(rank {R} of {P})" in msg and msg.startswith("ringmpi."), msg
+    for pat in patterns:
+        assert pat in msg, f"{pat!r} not in {msg!r}"
+    d = t.counters.since(before)
+    assert d.messages == 0 and d.calls == 0, "a message was sent before the error"
+    return msg
+
+
+X = np.arange(12, dtype=np.float64)
+
+
+@pytest.mark.parametrize("case", [
+    (lambda: ringmpi.allreduce(X, np.empty(11)), ["allreduce", "recvbuf has 11 elements, expected 12"]),
+    (lambda: ringmpi.allreduce(X, np.empty(12, np.float32)), ["dtype float32, expected float64"]),
+    (lambda: ringmpi.allreduce(np.arange(24.0)[::2]), ["C-contiguous"]),
+    (lambda: ringmpi.allreduce(X.astype(complex), op=MPI.MAX), ["op MAX is not defined for dtype complex128"]),
+    (lambda: ringmpi.allreduce(X, op=MPI.BAND), ["op BAND is not defined for dtype float64"]),
+    (lambda: ringmpi.allreduce(X.astype(bool), op="sum"), ["op SUM is not defined for dtype bool"]),
+    (lambda: ringmpi.allreduce(X, op="median"), ["unknown reduction op"]),
+    (lambda: ringmpi.allreduce(X.astype(np.float16)), ["dtype float16"]),
+    (lambda: ringmpi.allreduce([1.0, 2.0]), ["expected a numpy.ndarray, got builtins.list"]),
+    (lambda: ringmpi.allreduce(X, algorithm="butterfly"), ["unknown algorithm 'butterfly' for allreduce"]),
+    (lambda: ringmpi.allreduce(X, X[2:]), ["recvbuf has 10 elements"]),
+    (lambda: ringmpi.broadcast(X.copy(), root=P), ["root must be an integer in [0,", f"got {P}"]),
+    (lambda: ringmpi.broadcast(X.copy(), root=-1), ["root must be"]),
+    (lambda: ringmpi.broadcast(X.copy(), segments=0, algorithm="pipeline"), ["segments must be a positive integer"]),
+    (lambda: ringmpi.broadcast(X.copy(), segments=2.5), ["segments must be a positive integer"]),
+    (lambda: ringmpi.broadcast(np.arange(3.0)[::-1]), ["C-contiguous"]),
+    (lambda: ringmpi.reduce(X, root=P + 3), ["root must be"]),
+    (lambda: ringmpi.reduce_scatter(X, counts=[1] * (P + 1)), ["counts must hold", f"{P} non-negative"]),
+    (lambda: ringmpi.reduce_scatter(X, counts=[13] + [0] * (P - 1)), ["counts add up to 13, expected len(sendbuf) = 12"]),
+    (lambda: ringmpi.reduce_scatter(X, np.empty(99)), ["recvbuf has 99 elements"]),
+    (lambda: ringmpi.allgather(X, np.empty(5)), ["recvbuf has 5 elements, expected"]),
+    (lambda: ringmpi.allgather(X, counts=[99] * P), [f"sendbuf has 12 elements, expected counts[{R}] = 99"]),
+    (lambda: ringmpi.shift(X, X), ["in place"]),
+])
+def test_bad_input(case):
+    fn, patterns = case
+    raises_before_sending(fn, *patterns)
+
+
+def test_readonly_recvbuf():
+    ro = np.empty(12)
+    ro.flags.writeable = False
+    raises_before_sending(lambda: ringmpi.allreduce(X, ro), "read-only")
+
+
+def test_user_defined_op_rejected():
+    op = MPI.Op.Create(lambda a, b, dt: None, commute=True)
+    try:
+        raises_before_sending(lambda: ringmpi.allreduce(X, op=op), "predefined")
+    finally:
+        op.Free()
+
+
+def test_bad_comm():
+    with pytest.raises(TypeError, match="intracommunicator"):
+        ringmpi.allreduce(X, comm="world")
+
+
+def test_forced_algorithm_and_debug(monkeypatch, capsys):
+    """RINGMPI_ALGO forces a choice (like NCCL_ALGO); RINGMPI_DEBUG=INFO explains it."""
+    monkeypatch.setenv("RINGMPI_ALGO", "allreduce=tree,broadcast=naive")
+    monkeypatch.setenv("RINGMPI_DEBUG", "INFO")
+    out = ringmpi.allreduce(X)
+    ref = np.empty_like(X)
+    COMM.Allreduce(X, ref)
+    assert np.array_equal(out, ref)
+    assert ringmpi.last_choice()["algorithm"] == "tree"
+    y = X.copy()
+    ringmpi.broadcast(y)
+    assert ringmpi.last_choice()["algorithm"] == "naive"
+    err = capsys.readouterr().err
+    if R == 0:
+        assert "ringmpi INFO allreduce" in err and "forced by RINGMPI_ALGO" in err
+
+
+def test_auto_choice_is_valid_and_identical():
+    choices = []
+    for n in (1, 100, 10_000, 300_000):
+        x = np.ones(n, dtype=np.float32)
+        out = ringmpi.allreduce(x)
+        assert np.all(out == P)
+        choices.append(ringmpi.last_choice()["algorithm"])
+    assert all(c in ringmpi.algorithms("allreduce") for c in choices)
+    assert COMM.allgather(choices) == [choices] * P
+
+
+@pytest.mark.skipif(P != 1, reason="spawns its own 2-rank job; run once")
+def test_failing_rank_aborts_job_instead_of_hanging(tmp_path):
+    """A test that fails on rank 1 only, while rank 0 waits in a collective: the job must end
+    with a failure well inside the deadline, not hang."""
+    (tmp_path / "conftest.py").write_text(open(os.path.join(os.path.dirname(__file__), "conftest.py")).read())
+    (tmp_path / "test_one_rank_fails.py").write_text(
+        "from mpi4py import MPI\n"
+        "def test_x():\n"
+        "    if MPI.COMM_WORLD.rank == 1:\n"
+        "        assert False, 'rank 1 fails'\n"
+        "    MPI.COMM_WORLD.barrier()\n")
+    cmd = [sys.executable, "-m", "ringmpi.launch", "-n", "2", "--timeout", "120", "--",
+           sys.executable, "-m", "mpi4py", "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM", "PMIX", "PRTE", "OMPI_MCA"))}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode not in (0, 124), proc.stdout + proc.stderr
+    assert "rank 1 fails" in proc.stdout + proc.stderr
