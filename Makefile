@@ -42,7 +42,7 @@ test-unit: setup
 test-mpi: setup
 	@set -e; for n in $(RANKS); do \
 	  echo "== tests/mpi on $$n rank(s)"; \
-	  $(LAUNCH) -n $$n --timeout 600 -- $(V)/python -m mpi4py -m pytest -q tests/mpi; \
+	  $(LAUNCH) -n $$n --timeout 600 -- $(V)/python -m mpi4py -m pytest -q --color=no tests/mpi; \
 	done
 
 clean:

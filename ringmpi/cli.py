@@ -49,16 +49,9 @@ def parse_rate(text: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="ringmpi", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    from . import demo
-    demo.add_parser(sub)
-    for name in ("bench", "calibrate", "sim", "model", "train"):
-        try:
-            mod = __import__(f"ringmpi.{name}_cli" if name in ("sim", "model") else f"ringmpi.{name}",
-                             fromlist=["add_parser"])
-        except ImportError:
-            continue
-        if hasattr(mod, "add_parser"):
-            mod.add_parser(sub)
+    from . import demo, explain
+    for mod in (demo, explain):
+        mod.add_parser(sub)
     ns = ap.parse_args(argv)
     return ns.func(ns) or 0
 

@@ -125,6 +125,8 @@ def allgather(t, sendbuf, recvbuf, counts):
 
 def _reduce_cost(p, count, itemsize, **_):
     from ..cost import Cost
+    if p == 1:
+        return Cost(0, 0, 0, 0, 0, 0)
     b = _cdiv(count, p) * itemsize
     rs = _half_cost(p, count, itemsize, True)
     # then the p-1 reduced blocks converge on the root at once

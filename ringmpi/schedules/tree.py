@@ -26,7 +26,8 @@ def _cost(p, count, itemsize, reduce_part, bcast_part):
     n, L = count * itemsize, _lg(p)
     k = reduce_part + bcast_part
     return Cost(alphas=k * L, beta_bytes=k * L * n, gamma_bytes=L * n if reduce_part else 0,
-                rounds=k * L, busiest_sent=L * n if p > 1 else 0, avg_sent=k * (p - 1) * n / p)
+                rounds=k * L, busiest_sent=(L * n if bcast_part else n) if p > 1 else 0,
+                avg_sent=k * (p - 1) * n / p)
 
 
 def binomial_reduce(t, sendbuf, acc, op, root) -> bool:

@@ -1,0 +1,292 @@
+"""A virtual cluster: p ranks in one process running the very same schedule code as MPI.
+
+Each virtual rank is a greenlet with a transport (`VirtualRank`) that has the interface of
+`ringmpi.mpicomm.MPITransport`. A `sendrecv` or `exchange` posts its messages and yields;
+the scheduler matches them FIFO per (source, destination) channel, as MPI does, copies the
+data, and resumes the rank when all its messages are matched. Nothing waits on a network:
+a schedule that would deadlock under MPI raises `SimDeadlock` naming the stuck ranks.
+
+Clock (alpha-beta-gamma): an operation starts when its rank and all of its peers have
+posted (a rendezvous) and lasts alpha + beta * V, V the largest volume any of them moves in
+that operation (a root posting p-1 receives at once moves (p-1) n through its link);
+reducing n bytes adds n gamma to the rank's clock. Under this clock the simulated time of
+every schedule equals its registered cost formula (tests/unit/test_sim.py).
+
+Data can be numpy arrays (bytes counted exactly) or symbolic: object arrays of `Sym`, whose
+sums print as in the lecture (a1+b1+c1+d1).
+"""
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+from greenlet import greenlet
+
+from .backend import NUMPY
+from .cost import LECTURE, Profile
+from .mpicomm import Counters
+
+__all__ = ["Sym", "VirtualCluster", "VirtualRank", "SimDeadlock", "symbolic", "run_collective"]
+
+
+class SimDeadlock(RuntimeError):
+    pass
+
+
+class Sym:
+    """A symbolic value: a sum of named terms, printed sorted ('a2+c2+d2')."""
+    __slots__ = ("terms",)
+
+    def __init__(self, *terms: str) -> None:
+        self.terms = tuple(sorted(terms))
+
+    def __add__(self, other: "Sym") -> "Sym":
+        return Sym(*self.terms, *other.terms)
+
+    __radd__ = __add__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sym) and self.terms == other.terms
+
+    def __hash__(self) -> int:
+        return hash(self.terms)
+
+    def __repr__(self) -> str:
+        return "+".join(self.terms)
+
+
+def symbolic(names: str, p: int, blocks: int) -> list[np.ndarray]:
+    """Rank r holds names[r] + block index: symbolic('abcd', 4, 4)[1] = [b0, b1, b2, b3]."""
+    out = []
+    for r in range(p):
+        a = np.empty(blocks, dtype=object)
+        for j in range(blocks):
+            a[j] = Sym(f"{names[r]}{j}")
+        out.append(a)
+    return out
+
+
+@dataclass
+class _Msg:
+    op: "_Op"
+    buf: Any
+
+
+@dataclass
+class _Op:
+    rank: int
+    posted: float
+    volume: float
+    pending: int = 0
+    depth: int = 0  # critical-path length (rounds) at posting
+    peers: list = field(default_factory=list)
+
+
+class VirtualRank:
+    """The transport of one virtual rank (same interface as MPITransport)."""
+
+    def __init__(self, cluster: "VirtualCluster", rank: int) -> None:
+        self.cluster = cluster
+        self.rank = rank
+        self.size = cluster.size
+        self.backend = NUMPY
+        self.counters = Counters()
+        self.clock = 0.0
+        self.rounds = 0   # critical-path rounds: 1 + the deepest of this op's and its peers'
+        self.reduced_bytes = 0
+        self.bytes_received = 0
+        self.watch: Any = None           # buffer to snapshot before each op (symbolic tables)
+        self.snapshots: list = []        # (clock, copy of watch)
+
+    # -- data movement --------------------------------------------------------------------
+    def sendrecv(self, sendbuf, dest, recvbuf, source) -> None:
+        sends = [] if dest is None or sendbuf is None else [(sendbuf, dest)]
+        recvs = [] if source is None or recvbuf is None else [(recvbuf, source)]
+        self._post(sends, recvs)
+
+    def exchange(self, sends, recvs) -> None:
+        self._post(list(sends), list(recvs))
+
+    def _post(self, sends, recvs) -> None:
+        self.counters.calls += 1
+        if self.watch is not None:
+            self.snapshots.append((self.clock, self.watch.copy()))
+        if not sends and not recvs:
+            return
+        nb = self.cluster.nbytes
+        vol = max(sum(nb(b) for b, _ in sends), sum(nb(b) for b, _ in recvs))
+        op = _Op(self.rank, self.clock, vol, pending=len(sends) + len(recvs), depth=self.rounds)
+        for buf, dest in sends:
+            self.counters.messages += 1
+            self.counters.bytes_sent += nb(buf)
+            self.cluster._post_send(self.rank, dest, _Msg(op, buf))
+        for buf, src in recvs:
+            self.bytes_received += nb(buf)
+            self.cluster._post_recv(src, self.rank, _Msg(op, buf))
+        self.cluster._block(self, op)
+
+    # -- local work ---------------------------------------------------------------------
+    def empty(self, n: int, dtype: Any) -> np.ndarray:
+        return np.empty(n, dtype=dtype)
+
+    def combine(self, op: str, a, b, out) -> None:
+        if out.dtype == object:
+            if op != "SUM":
+                raise ValueError("symbolic data supports SUM only")
+            out[...] = a + b
+        else:
+            self.backend.combine(op, a, b, out)
+        nbytes = self.cluster.nbytes(out)
+        self.reduced_bytes += nbytes
+        self.clock += nbytes * self.cluster.profile.gamma
+
+
+class VirtualCluster:
+    """p virtual ranks; `run(fn)` calls fn(transport) on each and returns their results."""
+
+    def __init__(self, size: int, profile: Profile = LECTURE, sym_itemsize: int = 1) -> None:
+        if size < 1:
+            raise ValueError(f"a cluster needs at least one rank, got {size}")
+        self.size = size
+        self.profile = profile
+        self.sym_itemsize = sym_itemsize
+        self.ranks = [VirtualRank(self, r) for r in range(size)]
+        self._sends: dict = defaultdict(deque)
+        self._recvs: dict = defaultdict(deque)
+        self._blocked: dict[int, _Op] = {}
+        self._ready: deque = deque()
+        self._main: greenlet | None = None
+
+    def nbytes(self, buf) -> int:
+        return buf.size * self.sym_itemsize if buf.dtype == object else buf.nbytes
+
+    # -- matching -----------------------------------------------------------------------
+    def _post_send(self, src: int, dst: int, msg: _Msg) -> None:
+        self._sends[(src, dst)].append(msg)
+        self._match((src, dst))
+
+    def _post_recv(self, src: int, dst: int, msg: _Msg) -> None:
+        self._recvs[(src, dst)].append(msg)
+        self._match((src, dst))
+
+    def _match(self, chan) -> None:
+        sq, rq = self._sends[chan], self._recvs[chan]
+        while sq and rq:
+            s, r = sq.popleft(), rq.popleft()
+            if s.buf.size != r.buf.size:
+                raise SimDeadlock(f"rank {chan[0]} sent {s.buf.size} elements to rank {chan[1]}, "
+                                  f"which posted a receive of {r.buf.size} (MPI would truncate or hang)")
+            r.buf[...] = s.buf
+            s.op.peers.append(r.op)
+            r.op.peers.append(s.op)
+            for op in (s.op, r.op):
+                op.pending -= 1
+                if op.pending == 0:
+                    self._complete(op)
+
+    def _complete(self, op: _Op) -> None:
+        prof = self.profile
+        start = max([op.posted] + [q.posted for q in op.peers])
+        vol = max([op.volume] + [q.volume for q in op.peers])
+        rank = self.ranks[op.rank]
+        rank.clock = start + prof.alpha + vol * prof.beta
+        rank.rounds = max([op.depth] + [q.depth for q in op.peers]) + 1
+        if op.rank in self._blocked:
+            del self._blocked[op.rank]
+            self._ready.append(op.rank)
+        else:
+            op.pending = -1  # completed before its rank yielded
+
+    def _block(self, rank: VirtualRank, op: _Op) -> None:
+        if op.pending == -1:
+            return
+        self._blocked[rank.rank] = op
+        self._main.switch()
+
+    # -- running ------------------------------------------------------------------------
+    def run(self, fn: Callable[[VirtualRank], Any]) -> list:
+        results: list = [None] * self.size
+        errors: list = []
+        self._main = greenlet.getcurrent()
+
+        def body(r: int):
+            try:
+                results[r] = fn(self.ranks[r])
+            except BaseException as e:  # surface the first failure with its rank
+                errors.append((r, e))
+            finally:
+                rk = self.ranks[r]
+                if rk.watch is not None:
+                    rk.snapshots.append((rk.clock, rk.watch.copy()))
+        def check():
+            if errors:
+                rank, err = errors[0]
+                if isinstance(err, SimDeadlock):
+                    raise err
+                raise RuntimeError(f"virtual rank {rank} failed: {err!r}") from err
+        lets = [greenlet(lambda r=r: body(r)) for r in range(self.size)]
+        for g in lets:
+            g.switch()
+            check()
+        while self._ready:
+            lets[self._ready.popleft()].switch()
+            check()
+        if self._blocked:
+            stuck = ", ".join(f"rank {r} (op posted at t={op.posted:.3g})" for r, op in sorted(self._blocked.items()))
+            raise SimDeadlock(f"no progress possible; blocked: {stuck}")
+        return results
+
+    @property
+    def time(self) -> float:
+        return max(r.clock for r in self.ranks)
+
+    def traffic(self) -> dict:
+        sent = [r.counters.bytes_sent for r in self.ranks]
+        return {"busiest_sent": max(sent), "avg_sent": sum(sent) / self.size,
+                "rounds": max(r.rounds for r in self.ranks),
+                "busiest_moved": max(s + r.bytes_received for s, r in zip(sent, self.ranks)),
+                "messages": sum(r.counters.messages for r in self.ranks), "sent": sent}
+
+
+def run_collective(collective: str, algorithm: str, inputs: list[np.ndarray], *, op: str = "SUM",
+                   root: int = 0, segments: int = 1, profile: Profile = LECTURE, inplace: bool = False,
+                   watch: bool = False, sym_itemsize: int = 1):
+    """Run one registered algorithm on a virtual cluster; returns (cluster, per-rank outputs)."""
+    from .schedules import block_counts, get
+    p = len(inputs)
+    alg = get(collective, algorithm)
+    cl = VirtualCluster(p, profile, sym_itemsize)
+
+    def fn(t: VirtualRank):
+        x = inputs[t.rank].copy()
+        n = x.size
+        if collective == "allreduce":
+            out = x if inplace else t.empty(n, x.dtype)
+            if watch:
+                t.watch = out
+            alg.run(t, x, out, op)
+        elif collective == "reduce_scatter":
+            counts = block_counts(n, p)
+            out = t.empty(counts[t.rank], x.dtype)
+            alg.run(t, x, out, op, counts)
+        elif collective == "allgather":
+            counts = [n] * p
+            out = t.empty(n * p, x.dtype)
+            out[t.rank * n:(t.rank + 1) * n] = x
+            if watch:
+                t.watch = out
+            alg.run(t, out[t.rank * n:(t.rank + 1) * n], out, counts)
+        elif collective == "broadcast":
+            out = x
+            if watch:
+                t.watch = out
+            alg.run(t, out, root, segments)
+        elif collective == "reduce":
+            out = t.empty(n, x.dtype) if t.rank == root else None
+            alg.run(t, x, out, op, root)
+        else:
+            raise ValueError(f"unknown collective {collective!r}")
+        return out
+    return cl, cl.run(fn)

@@ -1,0 +1,127 @@
+"""The virtual cluster runs the real schedules: symbolic tables as in the lecture, results
+equal to numpy, and simulated time / traffic / rounds equal to every registered formula."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from ringmpi.cost import Profile, cost
+from ringmpi.explain import parameter_server_traffic, symbolic_table
+from ringmpi.schedules import block_counts, get, names, offsets
+from ringmpi.sim import SimDeadlock, Sym, VirtualCluster, run_collective, symbolic
+
+PROF = Profile(alpha=5e-6, beta=1 / 25e9, gamma=1 / 50e9)
+FORMULA_ALGOS = [(c, a) for c in ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
+                 for a in names(c) if get(c, a).cost is not None]
+
+
+def S(text: str) -> Sym:
+    return Sym(*text.split("+"))
+
+
+def test_ring_reduce_scatter_table_matches_lecture():
+    """After the reduce-scatter (3 steps), worker 0 holds a0, a1+b1+c1+d1, a2+c2+d2, a3+d3."""
+    steps = Profile(alpha=1, beta=0)
+    cl, outs = run_collective("allreduce", "ring", symbolic("abcd", 4, 4), inplace=True, watch=True, profile=steps)
+    after_rs = {r: [s for t, s in rk.snapshots if t <= 3][-1] for r, rk in enumerate(cl.ranks)}
+    assert list(after_rs[0]) == [S("a0"), S("a1+b1+c1+d1"), S("a2+c2+d2"), S("a3+d3")]
+    assert list(after_rs[1])[:3] == [S("a0+b0"), S("b1"), S("a2+b2+c2+d2")]
+    full = [S(f"a{j}+b{j}+c{j}+d{j}") for j in range(4)]
+    assert all(list(o) == full for o in outs)
+    assert cl.time == 6  # 2(p-1) steps
+
+
+def test_three_worker_exercise():
+    text = symbolic_table("allreduce", 3)
+    lines = text.splitlines()
+    assert lines[2].split()[2:] == ["a0", "a1", "a2+c2", "a0+b0", "b1", "b2", "c0", "b1+c1", "c2"]
+    assert len(lines) == 1 + 1 + 4  # header, start, 4 steps
+
+
+def test_pipeline_broadcast_steps():
+    """p-2+S steps: with 4 workers and 3 segments worker 3 gets x0 at step 3, all at step 5."""
+    text = symbolic_table("broadcast", 4, 3).splitlines()
+    assert text[-1].startswith("step 5")
+    assert text[4].startswith("step 3") and text[4].split()[-3:] == ["x0", "-", "-"]  # worker 3
+
+
+@pytest.mark.parametrize("collective,algorithm", FORMULA_ALGOS)
+def test_simulated_time_and_traffic_equal_formula(collective, algorithm):
+    for p in range(1, 17):
+        n = 720720  # divisible by 1..16 (and by every segment count used)
+        count = n if collective != "allgather" else n // p
+        inputs = [np.ones(count, np.float32) for _ in range(p)]
+        cl, _ = run_collective(collective, algorithm, inputs, profile=PROF, segments=6)
+        c = cost(collective, algorithm, p, n, 4, segments=6)
+        tr = cl.traffic()
+        what = f"{collective}/{algorithm} p={p}"
+        assert cl.time == pytest.approx(c.time(PROF) - PROF.overhead, rel=1e-12, abs=1e-15), what
+        assert tr["busiest_sent"] == c.busiest_sent, what
+        assert tr["avg_sent"] == pytest.approx(c.avg_sent, rel=1e-12, abs=1e-9), what
+        assert tr["rounds"] == c.rounds, what
+
+
+@pytest.mark.parametrize("collective,algorithm", FORMULA_ALGOS)
+def test_simulated_results_equal_numpy(collective, algorithm):
+    rng = np.random.default_rng(7)
+    for p in (1, 2, 3, 5, 6, 8, 11):
+        for n in (0, 1, p - 1, 3 * p + 2):
+            xs = [rng.integers(-100, 100, n).astype(np.int64) for _ in range(p)]
+            root = p // 2
+            cl, outs = run_collective(collective, algorithm, xs, root=root, segments=3)
+            total = np.sum(xs, axis=0) if n else np.zeros(0, np.int64)
+            if collective == "allreduce":
+                assert all(np.array_equal(o, total) for o in outs)
+            elif collective == "reduce_scatter":
+                off = offsets(block_counts(n, p))
+                assert all(np.array_equal(o, total[off[r]:off[r + 1]]) for r, o in enumerate(outs))
+            elif collective == "allgather":
+                assert all(np.array_equal(o, np.concatenate(xs)) for o in outs)
+            elif collective == "broadcast":
+                assert all(np.array_equal(o, xs[root]) for o in outs)
+            else:
+                assert np.array_equal(outs[root], total)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 7, 8, 16, 64])
+def test_ring_sends_2_p_minus_1_over_p_n(p):
+    n = 256 * 1024 * p
+    cl, _ = run_collective("allreduce", "ring", [np.zeros(n, np.uint8) for _ in range(p)])
+    assert cl.traffic()["sent"] == [2 * (p - 1) * n // p] * p
+
+
+def test_parameter_server_traffic():
+    """A worker moves 2N per step whatever K; the server 2KN."""
+    for k in (2, 4, 8):
+        tr = parameter_server_traffic(k, 1000)
+        assert tr["busiest_moved"] == 2 * k * 1000
+        assert tr["sent"][:k] == [1000] * k
+
+
+def test_deadlock_is_reported_not_hung():
+    cl = VirtualCluster(2)
+
+    def bad(t):  # both ranks only receive
+        t.sendrecv(None, None, np.empty(3), 1 - t.rank)
+    with pytest.raises(SimDeadlock, match="blocked: rank 0"):
+        cl.run(bad)
+
+
+def test_size_mismatch_is_reported():
+    cl = VirtualCluster(2)
+
+    def bad(t):
+        t.sendrecv(np.zeros(3 + t.rank), 1 - t.rank, np.empty(3 + t.rank), 1 - t.rank)
+    with pytest.raises(SimDeadlock, match="rank 1 sent 4 elements to rank 0, which posted a receive of 3"):
+        cl.run(bad)
+
+
+@pytest.mark.parametrize("algorithm", ["tree", "recursive_doubling", "rabenseifner", "naive"])
+def test_1024_virtual_ranks(algorithm):
+    t0 = time.perf_counter()
+    cl, outs = run_collective("allreduce", algorithm, [np.full(1024, r, np.int64) for r in range(1024)])
+    assert np.array_equal(outs[517], np.full(1024, 1023 * 1024 // 2))
+    assert cl.time == pytest.approx(cost("allreduce", algorithm, 1024, 1024, 8).time(Profile(5e-6, 1 / 25e9)))
+    assert time.perf_counter() - t0 < 60  # generous: a sanity bound, not a benchmark
