@@ -15,5 +15,7 @@ __all__ = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "s
 def __getattr__(name: str):
     if name in __all__:
         from . import api
-        return getattr(api, name)
+        value = getattr(api, name)
+        globals()[name] = value  # later lookups skip this hook
+        return value
     raise AttributeError(f"module 'ringmpi' has no attribute {name!r}")

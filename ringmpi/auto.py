@@ -10,7 +10,7 @@ The MPI library's own collective is kept unless another is predicted >= 10% fast
 uncalibrated machine gets MPI's choice. Every rank must choose the same algorithm, so the
 profile is read on rank 0 and broadcast.
 
-Environment: RINGMPI_ALGO forces a choice ("ring" everywhere it exists, or per collective
+Environment (read at the first auto call; `reload_env()` rereads it): RINGMPI_ALGO forces a choice ("ring" everywhere it exists, or per collective
 "allreduce=ring,broadcast=pipeline"); RINGMPI_DEBUG=INFO prints each choice and why;
 RINGMPI_PROFILE names the profile file (default ~/.cache/ringmpi/profile-p{P}.json).
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 from . import schedules as _alg
 from .cost import Profile, best_segments
 
-__all__ = ["DEFAULT", "choose", "predict_time", "active_profile", "set_profile",
+__all__ = ["DEFAULT", "choose", "reload_env", "predict_time", "active_profile", "set_profile",
            "default_segments", "profile_path", "LAST"]
 
 #: Used until `ringmpi calibrate` or `ringmpi bench` has measured this machine.
@@ -103,8 +103,19 @@ def predict_time(collective: str, algorithm: str, p: int, count: int, itemsize: 
     return min(others) - prof.overhead
 
 
-def _forced(collective: str) -> str | None:
-    spec = os.environ.get("RINGMPI_ALGO", "").strip()
+ENV: dict = {}
+
+
+def reload_env() -> tuple[str, str]:
+    """Read RINGMPI_ALGO and RINGMPI_DEBUG again (they are read once, at the first auto
+    call, like NCCL's variables; call this after changing them in a running program)."""
+    ENV["algo"] = os.environ.get("RINGMPI_ALGO", "")
+    ENV["debug"] = os.environ.get("RINGMPI_DEBUG", "")
+    return ENV["algo"], ENV["debug"]
+
+
+def _forced(collective: str, spec: str) -> str | None:
+    spec = spec.strip()
     if not spec:
         return None
     for part in spec.split(","):
@@ -116,27 +127,30 @@ def _forced(collective: str) -> str | None:
 
 def choose(collective: str, t, count: int, itemsize: int, **params) -> str:
     """The algorithm `auto` runs for this call (identical on every rank)."""
-    forced = _forced(collective)
-    prof = active_profile(t)
-    key = (collective, t.size, count, itemsize, tuple(sorted(params.items())))
+    spec, debug = ENV.get("algo"), ENV.get("debug")
+    if spec is None:
+        spec, debug = reload_env()
+    prof = getattr(t, "_ringmpi_profile", None) or active_profile(t)
+    key = (collective, t.size, count, itemsize, spec, tuple(sorted(params.items())) if params else ())
     hit = _CACHE.get(key)
-    if forced is None and hit is not None and hit[0] is prof:
-        LAST["choice"] = hit[1]
-        return hit[1]["algorithm"]
-    if forced is not None:
-        choice = {"algorithm": forced, "why": "forced by RINGMPI_ALGO"}
+    if hit is not None and hit[0] is prof:  # the entry holds its profile: no stale reuse
+        choice = hit[1]
     else:
-        preds = {a: predict_time(collective, a, t.size, count, itemsize, prof, **params)
-                 for a in _alg.names(collective)}
-        best = min(preds, key=preds.get)
-        if "mpi" in preds and best != "mpi" and preds[best] > MARGIN * preds["mpi"]:
-            best = "mpi"
-        choice = {"algorithm": best, "predicted_s": preds,
-                  "why": f"lowest predicted time under profile '{prof.name}'"}
-        _CACHE[key] = (prof, dict(choice, collective=collective, bytes=count * itemsize))
-    choice.update(collective=collective, bytes=count * itemsize)
+        forced = _forced(collective, spec)
+        if forced is not None:
+            choice = {"algorithm": forced, "why": "forced by RINGMPI_ALGO"}
+        else:
+            preds = {a: predict_time(collective, a, t.size, count, itemsize, prof, **params)
+                     for a in _alg.names(collective)}
+            best = min(preds, key=preds.get)
+            if "mpi" in preds and best != "mpi" and preds[best] > MARGIN * preds["mpi"]:
+                best = "mpi"
+            choice = {"algorithm": best, "predicted_s": preds,
+                      "why": f"lowest predicted time under profile '{prof.name}'"}
+        choice.update(collective=collective, bytes=count * itemsize)
+        _CACHE[key] = (prof, choice)
     LAST["choice"] = choice
-    if os.environ.get("RINGMPI_DEBUG", "").upper() in ("INFO", "DEBUG") and t.rank == 0:
+    if debug and t.rank == 0 and debug.upper() in ("INFO", "DEBUG"):
         preds = choice.get("predicted_s", {})
         table = " ".join(f"{a}={s * 1e6:.1f}us" for a, s in sorted(preds.items(), key=lambda kv: kv[1]))
         print(f"ringmpi INFO {collective} p={t.size} bytes={count * itemsize}: "

@@ -49,8 +49,9 @@ def parse_rate(text: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="ringmpi", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    from . import demo, explain
-    for mod in (demo, explain):
+    from . import bench, calibrate, demo, explain
+    from .dp import train
+    for mod in (bench, calibrate, demo, explain, train):
         mod.add_parser(sub)
     ns = ap.parse_args(argv)
     return ns.func(ns) or 0

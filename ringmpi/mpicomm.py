@@ -110,6 +110,8 @@ class MPITransport:
         self.backend = backend
         self.max_count = max_count
         self.counters = Counters()
+        self._pool: list[np.ndarray] = []
+        self._cursor = 0
 
     # -- data movement -------------------------------------------------------------------
     def sendrecv(self, sendbuf: np.ndarray | None, dest: int | None,
@@ -145,8 +147,26 @@ class MPITransport:
         MPI.Request.Waitall(reqs)
 
     # -- local work ----------------------------------------------------------------------
+    def begin(self) -> None:
+        """Start of a collective call: scratch buffers are handed out afresh from the pool."""
+        self._cursor = 0
+
     def empty(self, n: int, dtype: Any) -> np.ndarray:
-        return self.backend.empty(n, dtype)
+        """Scratch memory, kept between calls (like NCCL's preallocated buffers): a fresh
+        multi-MiB allocation per call would pay its page faults every time."""
+        dt = np.dtype(dtype)
+        need = n * dt.itemsize
+        i = self._cursor
+        self._cursor += 1
+        if i == len(self._pool):
+            self._pool.append(self.backend.empty(0, np.uint8))
+        if self._pool[i].nbytes < need:
+            self._pool[i] = self.backend.empty(need, np.uint8)
+        return self._pool[i][:need].view(dt)
+
+    def release_scratch(self) -> None:
+        """Give the scratch pool's memory back (it regrows on the next call)."""
+        self._pool.clear()
 
     def combine(self, op: str, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         self.backend.combine(op, a, b, out)
@@ -206,7 +226,12 @@ _CACHE: dict[int, MPITransport] = {}
 
 def transport(comm: "MPI.Intracomm | None" = None) -> MPITransport:
     """The cached transport of `comm` (COMM_WORLD when None)."""
-    user = MPI.COMM_WORLD if comm is None else comm
+    if comm is None:
+        t = _CACHE.get("world")
+        if t is None:
+            t = _CACHE["world"] = transport(MPI.COMM_WORLD)
+        return t
+    user = comm
     if not isinstance(user, MPI.Intracomm):
         raise TypeError(f"comm must be an mpi4py intracommunicator, got {type(user).__name__}")
     key = user.py2f() if user != MPI.COMM_NULL else -1

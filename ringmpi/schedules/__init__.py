@@ -31,15 +31,23 @@ def register(collective: str, name: str, cost: Callable | None = None):
     return deco
 
 
+_LOADED = False
+
+
 def _load() -> None:
-    from . import naive, native, recursive, ring, tree  # noqa: F401  (registration)
+    global _LOADED
+    if not _LOADED:
+        from . import naive, native, recursive, ring, tree  # noqa: F401  (registration)
+        _LOADED = True
 
 
 def get(collective: str, name: str) -> Algorithm:
-    _load()
     try:
         return _REGISTRY[(collective, name)]
     except KeyError:
+        _load()
+        if (collective, name) in _REGISTRY:
+            return _REGISTRY[(collective, name)]
         raise ValueError(f"unknown algorithm {name!r} for {collective}; expected one of "
                          f"{', '.join(names(collective))} or 'auto'") from None
 

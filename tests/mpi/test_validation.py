@@ -87,6 +87,7 @@ def test_forced_algorithm_and_debug(monkeypatch, capsys):
     """RINGMPI_ALGO forces a choice (like NCCL_ALGO); RINGMPI_DEBUG=INFO explains it."""
     monkeypatch.setenv("RINGMPI_ALGO", "allreduce=tree,broadcast=naive")
     monkeypatch.setenv("RINGMPI_DEBUG", "INFO")
+    monkeypatch.setattr("ringmpi.auto.ENV", {})  # empty: the next auto call rereads the environment
     out = ringmpi.allreduce(X)
     ref = np.empty_like(X)
     COMM.Allreduce(X, ref)
@@ -128,3 +129,9 @@ def test_failing_rank_aborts_job_instead_of_hanging(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode not in (0, 124), proc.stdout + proc.stderr
     assert "rank 1 fails" in proc.stdout + proc.stderr
+
+
+def test_one_transport_per_communicator():
+    """comm=None and comm=COMM_WORLD share one transport (counters, profile, scratch)."""
+    assert transport(None) is transport(COMM)
+    assert transport(COMM) is transport(MPI.COMM_WORLD)

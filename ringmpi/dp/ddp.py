@@ -1,0 +1,156 @@
+"""The three parts of data parallelism: partition, average gradients, train step."""
+from __future__ import annotations
+
+import contextlib
+import random
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from .. import api
+
+__all__ = ["partition_indices", "DataParallel", "save_checkpoint", "load_checkpoint"]
+
+
+def partition_indices(size: int, world_size: int, rank: int, seed: int) -> list[int]:
+    """This rank's share of range(size): shuffled by a local random.Random(seed) (never the
+    global state), split by quotient and remainder (the first size % world_size ranks get
+    one more), so every rank computes the same split without communicating and no sample is
+    dropped or duplicated."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"partition_indices: rank {rank} is not in [0, {world_size})")
+    order = list(range(size))
+    random.Random(seed).shuffle(order)
+    q, r = divmod(size, world_size)
+    start = rank * q + min(rank, r)
+    return order[start:start + q + (rank < r)]
+
+
+class DataParallel:
+    """Replicas of `model` kept identical: broadcast at construction, averaged gradients after.
+
+    model: has `params` (dict name -> array) and `loss_and_grads(batch) -> (loss_sum,
+    grads, count)`, where grads may lack a parameter that got no gradient.
+    weighting="global": SUM the gradient sums and divide by the global count (right for
+    uneven shards); "mean": average the per-rank means (the pitfall, kept to show it).
+    """
+
+    def __init__(self, model: Any, comm: Any = None, *, algorithm: str = "auto",
+                 bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0, weighting: str = "global",
+                 find_unused_parameters: bool = False) -> None:
+        if weighting not in ("global", "mean"):
+            raise ValueError(f"DataParallel: weighting must be 'global' or 'mean', got {weighting!r}")
+        self.model, self.comm, self.algorithm = model, comm, algorithm
+        self.weighting, self.find_unused = weighting, find_unused_parameters
+        self.params: dict[str, np.ndarray] = model.params
+        from ..mpicomm import transport
+        self.t = transport(comm)
+        for name, p in self.params.items():  # every replica starts from rank 0's parameters
+            api.broadcast(p, 0, comm=comm, algorithm="auto")
+        self.buckets = self._make_buckets(bucket_cap_mb * 1e6, first_bucket_mb * 1e6)
+        self.allreduce_calls = 0
+        self._sync = True
+        self.zero_grad()
+
+    def _make_buckets(self, cap: float, first: float) -> list[list[str]]:
+        """Reverse parameter order (gradients of the last layers are ready first), byte cap."""
+        buckets, cur, size = [], [], 0
+        limit = min(first, cap)
+        for name in reversed(list(self.params)):
+            nb = self.params[name].nbytes
+            if cur and size + nb > limit:
+                buckets.append(cur)
+                cur, size, limit = [], 0, cap
+            cur.append(name)
+            size += nb
+        if cur:
+            buckets.append(cur)
+        return buckets
+
+    def zero_grad(self) -> None:
+        self.grads = {k: np.zeros_like(v) for k, v in self.params.items()}
+        self.seen = {k: False for k in self.params}
+        self.loss_sum, self.count = 0.0, 0
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally; the backward after the block all-reduces them all."""
+        self._sync = False
+        try:
+            yield
+        finally:
+            self._sync = True
+
+    def backward(self, batch) -> None:
+        """Forward + backward on this rank's batch; synchronises unless inside no_sync()."""
+        loss, grads, count = self.model.loss_and_grads(batch)
+        if self.weighting == "mean" and count:
+            grads = {k: g / count for k, g in grads.items()}
+        for k, g in grads.items():
+            if g is not None:
+                self.grads[k] += g
+                self.seen[k] = True
+        self.loss_sum += loss
+        self.count += count
+        if self._sync:
+            self.average_gradients()
+
+    def average_gradients(self) -> float:
+        """One all-reduce per bucket (SUM), then divide; returns the global mean loss."""
+        p = self.t.size
+        names = list(self.params)
+        # loss, count and which parameters got a gradient travel in one small all-reduce, so
+        # every rank takes the same decision (a rank raising alone would hang the others)
+        head = np.array([self.loss_sum, float(self.count)] + [float(self.seen[k]) for k in names])
+        head = api.allreduce(head, comm=self.comm, algorithm=self.algorithm)
+        scalars, present = head[:2], head[2:]
+        if not self.find_unused and np.any(present < p):
+            missing = [k for k, c in zip(names, present) if c < p]
+            raise RuntimeError(f"DataParallel (rank {self.t.rank}): parameters {missing} got no gradient "
+                               "on some ranks; pass find_unused_parameters=True if that is expected")
+        use = {k for k, c in zip(names, present) if c > 0}
+        for bucket in self.buckets:
+            names_b = [k for k in bucket if k in use]
+            if not names_b:
+                continue
+            flat = np.concatenate([self.grads[k].reshape(-1) for k in names_b])
+            api.allreduce(flat, flat, comm=self.comm, algorithm=self.algorithm)
+            self.allreduce_calls += 1
+            scale = 1.0 / scalars[1] if self.weighting == "global" else 1.0 / p
+            flat *= scale
+            off = 0
+            for k in names_b:
+                n = self.grads[k].size
+                self.grads[k] = flat[off:off + n].reshape(self.grads[k].shape).astype(self.params[k].dtype, copy=False)
+                off += n
+        for k in names:
+            if k not in use:
+                self.grads[k] = None
+        self.global_loss = scalars[0] / max(scalars[1], 1)
+        return self.global_loss
+
+    def step(self, optimizer, batch) -> float:
+        """train_step: zero grads, forward and loss, backward, average, optimizer update."""
+        self.zero_grad()
+        self.backward(batch)
+        optimizer.step(self.params, {k: g for k, g in self.grads.items() if g is not None})
+        return self.global_loss
+
+
+def save_checkpoint(path: str | Path, ddp: DataParallel, optimizer, step: int) -> None:
+    """Rank 0 writes parameters, optimizer state and the step (the data order derives from it)."""
+    if ddp.t.rank == 0:
+        arrays = {f"param:{k}": v for k, v in ddp.params.items()}
+        arrays.update({f"opt:{k}": np.asarray(v) for k, v in optimizer.state.items()})
+        np.savez(path, step=np.array(step), **arrays)
+    ddp.t.barrier()
+
+
+def load_checkpoint(path: str | Path, ddp: DataParallel, optimizer) -> int:
+    """Every rank loads rank 0's file (shared file system); returns the step to resume at."""
+    with np.load(path) as z:
+        for k in ddp.params:
+            ddp.params[k][...] = z[f"param:{k}"]
+        optimizer.load_state({k[4:]: z[k] for k in z.files if k.startswith("opt:")})
+        return int(z["step"])

@@ -1,0 +1,100 @@
+"""Two small models with explicit forward and backward passes (numpy, float32 or float64).
+
+Both return the *sum* of the per-sample (or per-token) losses and its gradients, plus the
+number of samples (tokens) summed: the data-parallel wrapper divides by the global count,
+which is what makes uneven shards weigh every sample equally.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["MLP", "CharRNN", "softmax_xent"]
+
+
+def softmax_xent(logits: np.ndarray, labels: np.ndarray) -> tuple[float, np.ndarray]:
+    """Summed cross-entropy and its gradient with respect to the logits."""
+    z = logits - logits.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    total = e.sum(axis=1, keepdims=True)
+    n = logits.shape[0]
+    loss = float(np.sum(np.log(total[:, 0]) - z[np.arange(n), labels]))  # log-sum-exp: no log(0)
+    g = e / total
+    g[np.arange(n), labels] -= 1
+    return loss, g
+
+
+class MLP:
+    """tanh MLP classifier: sizes = [inputs, hidden..., classes]."""
+
+    def __init__(self, sizes: list[int], seed: int = 0, dtype=np.float64) -> None:
+        rng = np.random.default_rng(seed)
+        self.sizes = list(sizes)
+        self.dtype = np.dtype(dtype)
+        self.params: dict[str, np.ndarray] = {}
+        for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+            self.params[f"W{i}"] = (rng.standard_normal((a, b)) / np.sqrt(a)).astype(dtype)
+            self.params[f"b{i}"] = np.zeros(b, dtype)
+
+    def loss_and_grads(self, batch) -> tuple[float, dict[str, np.ndarray], int]:
+        x, y = batch
+        x = x.astype(self.dtype, copy=False)
+        layers = len(self.sizes) - 1
+        acts = [x]
+        for i in range(layers):
+            z = acts[-1] @ self.params[f"W{i}"] + self.params[f"b{i}"]
+            acts.append(np.tanh(z) if i < layers - 1 else z)
+        loss, g = softmax_xent(acts[-1], y)
+        grads: dict[str, np.ndarray] = {}
+        for i in reversed(range(layers)):
+            grads[f"W{i}"] = acts[i].T @ g
+            grads[f"b{i}"] = g.sum(axis=0)
+            if i:
+                g = (g @ self.params[f"W{i}"].T) * (1 - acts[i] ** 2)
+        return loss, {k: grads[k] for k in self.params}, len(y)
+
+
+class CharRNN:
+    """Character-level next-token model: h_t = tanh(W_xh[x_t] + h_{t-1} W_hh + b_h),
+    logits_t = h_t W_hy + b_y. Sequences in a batch have different lengths, so ranks hold
+    different token counts."""
+
+    def __init__(self, vocab: int, hidden: int = 32, seed: int = 0, dtype=np.float64) -> None:
+        rng = np.random.default_rng(seed)
+        self.vocab, self.hidden, self.dtype = vocab, hidden, np.dtype(dtype)
+        s = 1 / np.sqrt(hidden)
+        self.params = {
+            "Wxh": (rng.standard_normal((vocab, hidden)) * 0.3).astype(dtype),
+            "Whh": (rng.standard_normal((hidden, hidden)) * s * 0.5).astype(dtype),
+            "bh": np.zeros(hidden, dtype),
+            "Why": (rng.standard_normal((hidden, vocab)) * s).astype(dtype),
+            "by": np.zeros(vocab, dtype),
+        }
+
+    def loss_and_grads(self, batch) -> tuple[float, dict[str, np.ndarray], int]:
+        p = self.params
+        grads = {k: np.zeros_like(v) for k, v in p.items()}
+        total, tokens = 0.0, 0
+        for seq in batch:
+            seq = np.asarray(seq)
+            x, y = seq[:-1], seq[1:]
+            n = len(x)
+            if n == 0:
+                continue
+            hs = np.zeros((n + 1, self.hidden), self.dtype)
+            for t in range(n):
+                hs[t + 1] = np.tanh(p["Wxh"][x[t]] + hs[t] @ p["Whh"] + p["bh"])
+            logits = hs[1:] @ p["Why"] + p["by"]
+            loss, g = softmax_xent(logits, y)
+            total += loss
+            tokens += n
+            grads["Why"] += hs[1:].T @ g
+            grads["by"] += g.sum(axis=0)
+            dh_next = np.zeros(self.hidden, self.dtype)
+            dhs = g @ p["Why"].T
+            for t in reversed(range(n)):
+                dz = (dhs[t] + dh_next) * (1 - hs[t + 1] ** 2)
+                grads["Wxh"][x[t]] += dz
+                grads["Whh"] += np.outer(hs[t], dz)
+                grads["bh"] += dz
+                dh_next = dz @ p["Whh"].T
+        return total, grads, tokens

@@ -1,0 +1,48 @@
+"""SGD with momentum and Adam over a dict of parameters, with state for checkpoints."""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["SGD", "Adam"]
+
+
+class SGD:
+    def __init__(self, lr: float = 0.1, momentum: float = 0.0) -> None:
+        self.lr, self.momentum = lr, momentum
+        self.state: dict[str, np.ndarray] = {}
+
+    def step(self, params: dict, grads: dict) -> None:
+        for k, g in grads.items():
+            if self.momentum:
+                v = self.state.setdefault(k, np.zeros_like(g))
+                v *= self.momentum
+                v += g
+                g = v
+            params[k] -= self.lr * g
+
+    def load_state(self, state: dict) -> None:
+        self.state = {k: v.copy() for k, v in state.items()}
+
+
+class Adam:
+    def __init__(self, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8) -> None:
+        self.lr, self.b1, self.b2, self.eps = lr, betas[0], betas[1], eps
+        self.state: dict[str, np.ndarray] = {}
+        self.t = 0
+
+    def step(self, params: dict, grads: dict) -> None:
+        self.t += 1
+        self.state["t"] = np.array(self.t)
+        c1, c2 = 1 - self.b1 ** self.t, 1 - self.b2 ** self.t
+        for k, g in grads.items():
+            m = self.state.setdefault("m:" + k, np.zeros_like(g))
+            v = self.state.setdefault("v:" + k, np.zeros_like(g))
+            m *= self.b1
+            m += (1 - self.b1) * g
+            v *= self.b2
+            v += (1 - self.b2) * g * g
+            params[k] -= self.lr * (m / c1) / (np.sqrt(v / c2) + self.eps)
+
+    def load_state(self, state: dict) -> None:
+        self.state = {k: v.copy() for k, v in state.items()}
+        self.t = int(self.state.get("t", 0))

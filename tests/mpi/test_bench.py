@@ -1,0 +1,95 @@
+"""The benchmark end to end under mpirun: exit status, files, #wrong that can fail."""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from ringmpi import auto, schedules
+from ringmpi.cli import main
+
+COMM = MPI.COMM_WORLD
+P, R = COMM.size, COMM.rank
+ARGS = ["-b", "1K", "-e", "16K", "-f", "4", "-n", "4", "-w", "1", "--rounds", "2", "--no-progress"]
+
+
+@pytest.fixture
+def shared_dir():
+    d = COMM.bcast(tempfile.mkdtemp(prefix="ringmpi-bench-") if R == 0 else None, 0)
+    yield Path(d)
+
+
+@pytest.fixture(autouse=True)
+def keep_profile():
+    from ringmpi.mpicomm import transport
+    t = transport()
+    saved = getattr(t, "_ringmpi_profile", None)
+    yield
+    t._ringmpi_profile = saved
+
+
+def test_bench_report(shared_dir, capsys):
+    rc = main(["bench", *ARGS, "--out", str(shared_dir / "r"), "--no-save-profile"])
+    assert COMM.allgather(rc) == [0] * P
+    if R == 0:
+        out = capsys.readouterr().out
+        assert "# Out of bounds values : 0 OK" in out and "# Avg bus bandwidth" in out
+        assert "busbw = algbw x 2(n-1)/n" in out
+        data = json.loads((shared_dir / "r" / "bench.json").read_text())
+        rows = data["rows"]
+        assert data["banner"]["ranks"] == P and "Open MPI" in data["banner"]["mpi_library"] or \
+            "MPICH" in data["banner"]["mpi_library"] or data["banner"]["mpi_library"]
+        assert {r["collective"] for r in rows} == set(schedules.COLLECTIVES)
+        assert all(r["wrong"] == 0 for r in rows)
+        for coll in schedules.COLLECTIVES:
+            algs = {r["algorithm"] for r in rows if r["collective"] == coll}
+            assert algs == set(schedules.names(coll)), coll  # MPI's own always included
+        ring = [r for r in rows if r["collective"] == "allreduce" and r["algorithm"] == "ring" and r["placement"] == "out"]
+        for r in ring:  # counters: rank q sends every block but q+1, then every block but q+2
+            c = schedules.block_counts(r["count"], P)
+            expect = max(2 * r["count"] - c[(q + 1) % P] - c[(q + 2) % P] for q in range(P)) if P > 1 else 0
+            assert r["sent_bytes"] == expect * 4
+            assert r["busbw"] == pytest.approx(r["algbw"] * 2 * (P - 1) / P)
+            assert r["ratio_mpi"] > 0
+        assert len(data["auto"]) == len(schedules.COLLECTIVES) * 3
+        for f in ("report.md", "bench.csv", "profile.json"):
+            assert (shared_dir / "r" / f).stat().st_size > 0
+        assert "busbw.png" in (shared_dir / "r" / "report.md").read_text()
+
+
+def test_wrong_results_are_counted_and_fail_the_run(shared_dir, monkeypatch, capsys):
+    """A deliberately broken algorithm must show up in #wrong and the exit status."""
+    real = schedules.get("allreduce", "ring")
+
+    def broken(t, sendbuf, recvbuf, op):
+        real.run(t, sendbuf, recvbuf, op)
+        if t.rank == 0 and recvbuf.size:
+            recvbuf[0] += 1
+    monkeypatch.setitem(schedules._REGISTRY, ("allreduce", "ring"),
+                        schedules.Algorithm("allreduce", "ring", broken, real.cost))
+    rc = main(["bench", *ARGS, "-c", "allreduce", "-a", "ring", "--no-save-profile", "--quiet"])
+    assert COMM.allgather(rc) == [1] * P
+    if R == 0:
+        assert "# Out of bounds values : 6 FAILED" in capsys.readouterr().out  # 3 sizes x 2 placements
+
+
+def test_calibrate_saves_profile_that_auto_loads(shared_dir, monkeypatch):
+    monkeypatch.setenv("RINGMPI_PROFILE", str(shared_dir))
+    rc = main(["calibrate", "-b", "1K", "-e", "64K", "-f", "8", "-c", "allreduce,broadcast"])
+    assert rc == 0
+    path = shared_dir / f"profile-p{P}.json"
+    if R == 0:
+        assert path.exists()
+    COMM.barrier()
+    from ringmpi.mpicomm import transport
+    t = transport()
+    t._ringmpi_profile = None  # reload from disk through rank 0 + broadcast
+    prof = auto.active_profile(t)
+    assert prof.world_size == P and prof.measured["allreduce"]["mpi"]
+    x = np.ones(1000, np.float32)
+    from ringmpi import allreduce
+    assert np.all(allreduce(x) == P)

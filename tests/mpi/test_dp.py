@@ -1,0 +1,183 @@
+"""Data parallelism on ringmpi under mpirun: equivalence to single-process training and to
+MPI_Allreduce averaging, the uneven-shard pitfall, accumulation, unused parameters,
+checkpoint/resume, the parameter server's traffic."""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from ringmpi.dp import MLP, CharRNN, DataParallel, partition_indices
+from ringmpi.dp.data import char_sequences, classification
+from ringmpi.dp.ddp import load_checkpoint, save_checkpoint
+from ringmpi.dp.ps import ParameterServer
+from ringmpi.dp.train import make_optimizer, make_task, max_diff, params_digest, train_dp, train_single
+
+COMM = MPI.COMM_WORLD
+P, R = COMM.size, COMM.rank
+
+
+def identical_everywhere(params):
+    return len(set(COMM.allgather(params_digest(params)))) == 1
+
+
+@pytest.mark.parametrize("model", ["mlp", "rnn"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_equivalent_to_single_process_and_mpi_allreduce(model, optimizer):
+    task = make_task(model, np.float64, seed=3)
+    kw = dict(optimizer=optimizer, lr=0.05 if optimizer == "sgd" else 0.01, momentum=0.9, seed=3)
+    ddp, _, losses = train_dp(task, 20, 48, algorithm="ring", **kw)
+    assert identical_everywhere(ddp.params)
+    single, ref_losses = train_single(task, 20, 48, **kw)
+    assert max_diff(ddp.params, single.params) <= 1e-12
+    assert np.allclose(losses, ref_losses, rtol=1e-12, atol=1e-12)
+    mpi_ddp, _, _ = train_dp(task, 20, 48, algorithm="mpi", **kw)
+    assert max_diff(ddp.params, mpi_ddp.params) <= 1e-12
+    assert losses[-1] < losses[0]
+
+
+def _grad(model, batch, comm, weighting):
+    ddp = DataParallel(model, comm, algorithm="ring", weighting=weighting)
+    ddp.zero_grad()
+    ddp.backward(batch)
+    return np.concatenate([ddp.grads[k].ravel() for k in model.params])
+
+
+def test_uneven_shards_pitfall_samples():
+    """10 samples on P ranks: averaging per-rank means weighs samples unequally (on 4 ranks
+    shards are 3,3,2,2: weights 1/12 and 1/8 instead of 1/10); weighting by the global count
+    gives the whole-batch gradient to rounding."""
+    x, y = classification(10, 8, 3, seed=5)
+    model = MLP([8, 6, 3], seed=1)
+    mine = partition_indices(10, P, R, seed=11)
+    whole = model.loss_and_grads((x, y))
+    g_whole = np.concatenate([whole[1][k].ravel() for k in model.params]) / 10
+    g_global = _grad(MLP([8, 6, 3], seed=1), (x[mine], y[mine]), COMM, "global")
+    g_mean = _grad(MLP([8, 6, 3], seed=1), (x[mine], y[mine]), COMM, "mean")
+    rel = lambda g: np.linalg.norm(g - g_whole) / np.linalg.norm(g_whole)  # noqa: E731
+    assert rel(g_global) < 1e-14
+    sizes = COMM.allgather(len(mine))
+    if len(set(sizes)) == 1:
+        assert rel(g_mean) < 1e-14  # equal shards: the mean of means is the mean
+    else:
+        weights = sorted({1 / (P * n) for n in sizes})
+        if P == 4:
+            assert weights == pytest.approx([1 / 12, 1 / 8])
+        assert rel(g_mean) > 0.02, rel(g_mean)  # not rounding: a real bias
+        if R == 0:
+            print(f"\n[uneven shards {sizes}] mean-of-means gradient off by {rel(g_mean):.1%}; "
+                  f"global weighting {rel(g_global):.1e}")
+
+
+def test_uneven_token_counts():
+    seqs, vocab = char_sequences(seed=2)
+    seqs = seqs[:7]
+    mine = partition_indices(len(seqs), P, R, seed=0)
+    whole = CharRNN(len(vocab), 8, seed=4).loss_and_grads(seqs)
+    g_whole = np.concatenate([whole[1][k].ravel() for k in whole[1]]) / whole[2]
+    g_global = _grad(CharRNN(len(vocab), 8, seed=4), [seqs[i] for i in mine], COMM, "global")
+    g_mean = _grad(CharRNN(len(vocab), 8, seed=4), [seqs[i] for i in mine], COMM, "mean")
+    assert np.linalg.norm(g_global - g_whole) / np.linalg.norm(g_whole) < 1e-14
+    if P > 1:  # token counts differ between ranks whenever P > 1 here
+        assert np.linalg.norm(g_mean - g_whole) / np.linalg.norm(g_whole) > 1e-3
+
+
+def test_gradient_accumulation_equals_data_parallelism():
+    """4 micro-batches accumulated on one rank = 4 ranks' worth of data parallelism; inside
+    no_sync nothing is communicated, and one window costs one all-reduce per bucket."""
+    x, y = classification(64, 8, 3, seed=9)
+    micro = [partition_indices(64, 4, k, seed=1) for k in range(4)]
+    acc = DataParallel(MLP([8, 16, 3], seed=2), MPI.COMM_SELF, algorithm="ring")
+    acc.zero_grad()
+    with acc.no_sync():
+        for m in micro[:-1]:
+            acc.backward((x[m], y[m]))
+    assert acc.allreduce_calls == 0
+    acc.backward((x[micro[-1]], y[micro[-1]]))
+    assert acc.allreduce_calls == len(acc.buckets) == 1
+    whole = MLP([8, 16, 3], seed=2).loss_and_grads((x, y))
+    for k, g in whole[1].items():
+        assert np.allclose(acc.grads[k], g / 64, rtol=1e-14, atol=1e-16)
+    # the same window split over the ranks of COMM_WORLD, each accumulating its own share
+    dp = DataParallel(MLP([8, 16, 3], seed=2), COMM, algorithm="ring")
+    dp.zero_grad()
+    mine = [k for k in range(4) if k % P == R]
+    with dp.no_sync():
+        for k in mine[:-1]:
+            dp.backward((x[micro[k]], y[micro[k]]))
+    dp.backward((x[micro[mine[-1]]], y[micro[mine[-1]]]) if mine else (x[:0], y[:0]))
+    assert dp.allreduce_calls == 1
+    for k in acc.grads:
+        assert np.allclose(dp.grads[k], acc.grads[k], rtol=1e-13, atol=1e-16)
+
+
+class Partial:
+    """A model whose parameter 'extra' gets a gradient on rank 0 only."""
+
+    def __init__(self):
+        self.params = {"w": np.arange(4.0), "extra": np.ones(3), "never": np.zeros(2)}
+
+    def loss_and_grads(self, batch):
+        g = {"w": np.full(4, float(R + 1))}
+        if R == 0:
+            g["extra"] = np.full(3, 2.0)
+        return 1.0, g, 1
+
+
+def test_unused_parameters_are_handled_consistently():
+    ddp = DataParallel(Partial(), COMM, find_unused_parameters=True, algorithm="ring")
+    ddp.zero_grad()
+    ddp.backward(None)
+    assert np.allclose(ddp.grads["w"], sum(range(1, P + 1)) / P)
+    assert np.allclose(ddp.grads["extra"], 2.0 / P)
+    assert ddp.grads["never"] is None  # no rank had it: skipped on every rank
+    strict = DataParallel(Partial(), COMM, algorithm="ring")
+    strict.zero_grad()
+    with pytest.raises(RuntimeError, match="got no gradient"):
+        strict.backward(None)  # raised on every rank alike, so nobody hangs
+
+
+def test_parameters_broadcast_from_rank_0():
+    m = MLP([4, 5, 2], seed=100 + R)  # deliberately different on every rank
+    ddp = DataParallel(m, COMM)
+    assert identical_everywhere(ddp.params)
+    assert max_diff(ddp.params, MLP([4, 5, 2], seed=100).params) == 0
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_checkpoint_resume_is_bitwise(optimizer):
+    task = make_task("mlp", np.float64, seed=1)
+    kw = dict(algorithm="ring", optimizer=optimizer, lr=0.05, momentum=0.9, seed=1)
+    ddp, opt, _ = train_dp(task, 10, 32, **kw)
+    d = COMM.bcast(tempfile.mkdtemp() if R == 0 else None, 0)
+    path = Path(d) / "ckpt.npz"
+    save_checkpoint(path, ddp, opt, 10)
+    train_dp(task, 10, 32, start=10, ddp=ddp, opt=opt, **kw)
+    fresh = DataParallel(task.make_model(), COMM, algorithm="ring")
+    opt2 = make_optimizer(optimizer, 0.05, 0.9)
+    start = load_checkpoint(path, fresh, opt2)
+    assert start == 10
+    train_dp(task, 10, 32, start=start, ddp=fresh, opt=opt2, **kw)
+    assert params_digest(fresh.params) == params_digest(ddp.params)
+
+
+@pytest.mark.skipif(P < 2, reason="needs a server and at least one worker")
+def test_parameter_server_traffic():
+    """Per step a worker sends N (push) and the server K*N (pull to K workers)."""
+    x, y = classification(64, 8, 3, seed=0)
+    model = MLP([8, 12, 3], seed=0)
+    n_bytes = sum(v.nbytes for v in model.params.values())
+    ps = ParameterServer(model, COMM, server=0, lr=0.5)
+    k = P - 1
+    losses = []
+    for step in range(5):
+        mine = partition_indices(64, k, R - 1, seed=step) if R else []
+        losses.append(ps.step((x[mine], y[mine])))
+        if R == 0:  # the server sends the parameters to K workers and receives K gradients
+            assert ps.traffic == {"pull_sent": k * n_bytes, "push_sent": 0}
+        else:       # a worker receives N and sends N: 2N moved, whatever K is
+            assert ps.traffic == {"pull_sent": 0, "push_sent": n_bytes}
+    assert losses[-1] < losses[0]
