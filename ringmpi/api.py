@@ -19,6 +19,9 @@ __all__ = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "s
            "algorithms", "RingmpiUsageError", "last_choice"]
 
 
+_DTYPE_CHARS = frozenset(d.char for d in SUPPORTED_DTYPES)
+
+
 class RingmpiUsageError(ValueError):
     """Bad arguments to a ringmpi call (raised before any communication)."""
 
@@ -46,7 +49,7 @@ class _Edge:
         if not buf.flags.c_contiguous:
             self.fail(f"{name} must be C-contiguous (got strides {buf.strides} for shape "
                       f"{buf.shape}); pass np.ascontiguousarray({name})")
-        if buf.dtype not in SUPPORTED_DTYPES:
+        if buf.dtype.char not in _DTYPE_CHARS or buf.dtype.byteorder == ">":
             self.fail(f"{name} has dtype {buf.dtype}; expected one of "
                       f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}")
         if writable and not buf.flags.writeable:
@@ -131,7 +134,7 @@ def allreduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any
         e.no_partial_overlap(send, recv)
     alg = e.algorithm("allreduce", algorithm, send.size, send.itemsize)
     alg.run(e.t, recv if inplace else send, recv, opn)
-    return _result(recvbuf, recv, np.shape(sendbuf))
+    return _result(recvbuf, recv, sendbuf.shape)
 
 
 def reduce_scatter(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any = MPI.SUM,
@@ -231,7 +234,7 @@ def reduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, root: int = 0
             e.no_partial_overlap(send, recv)
     alg = e.algorithm("reduce", algorithm, send.size, send.itemsize)
     alg.run(e.t, send, recv, opn, root)
-    return _result(recvbuf, recv, np.shape(sendbuf)) if at_root else None
+    return _result(recvbuf, recv, sendbuf.shape) if at_root else None
 
 
 def shift(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, offset: int = 1,
@@ -247,7 +250,7 @@ def shift(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, offset: int
     e.no_partial_overlap(send, recv)
     p, r = e.t.size, e.t.rank
     e.t.sendrecv(send, (r + offset) % p, recv, (r - offset) % p)
-    return _result(recvbuf, recv, np.shape(sendbuf))
+    return _result(recvbuf, recv, sendbuf.shape)
 
 
 def last_choice() -> dict | None:

@@ -27,6 +27,8 @@ INT_MAX = 2**31 - 1
 _TAG = 7411
 
 _MPI_OPS = {name: getattr(MPI, name) for name in OPS}
+_OP_NAMES = {id(o): (o, n) for n, o in _MPI_OPS.items()}
+_OP_NAMES.update({id(n): (n, n) for n in OPS})
 
 
 def mpi_op(name: str) -> "MPI.Op":
@@ -35,6 +37,9 @@ def mpi_op(name: str) -> "MPI.Op":
 
 def normalize_op(op: Any) -> str:
     """'SUM' for MPI.SUM, "sum" or "SUM"; a clear error for user-defined or unknown ops."""
+    hit = _OP_NAMES.get(id(op))
+    if hit is not None and hit[0] is op:  # the predefined op objects and the common strings
+        return hit[1]
     if isinstance(op, MPI.Op):
         for name, mop in _MPI_OPS.items():
             if op == mop:
@@ -177,7 +182,9 @@ class MPITransport:
 
     def native_reduce_scatter(self, sendbuf, recvbuf, counts: Sequence[int], op: str) -> None:
         # MPI's in-place form leaves the result at the front of the buffer, ours at block r.
-        out = self.backend.empty(recvbuf.size, recvbuf.dtype) if _aliases_block(sendbuf, recvbuf) else recvbuf
+        # (an empty block still carries the buffer's address, which MPICH rejects as aliased)
+        alias = _aliases_block(sendbuf, recvbuf) or (recvbuf.size == 0 and sendbuf.size > 0)
+        out = self.backend.empty(recvbuf.size, recvbuf.dtype) if alias else recvbuf
         self.comm.Reduce_scatter(sendbuf, out, list(counts), mpi_op(op))
         if out is not recvbuf:
             recvbuf[...] = out
@@ -221,7 +228,8 @@ def _aliases_block(sendbuf: np.ndarray, recvbuf: np.ndarray) -> bool:
     return sendbuf is recvbuf or (sendbuf.size > 0 and np.shares_memory(sendbuf, recvbuf))
 
 
-_CACHE: dict[int, MPITransport] = {}
+_CACHE: dict = {}
+_BY_OBJECT: dict[int, MPITransport] = {}
 
 
 def transport(comm: "MPI.Intracomm | None" = None) -> MPITransport:
@@ -231,6 +239,9 @@ def transport(comm: "MPI.Intracomm | None" = None) -> MPITransport:
         if t is None:
             t = _CACHE["world"] = transport(MPI.COMM_WORLD)
         return t
+    t = _BY_OBJECT.get(id(comm))
+    if t is not None and t.user_comm is comm and t.comm != MPI.COMM_NULL:
+        return t
     user = comm
     if not isinstance(user, MPI.Intracomm):
         raise TypeError(f"comm must be an mpi4py intracommunicator, got {type(user).__name__}")
@@ -238,4 +249,5 @@ def transport(comm: "MPI.Intracomm | None" = None) -> MPITransport:
     t = _CACHE.get(key)
     if t is None or t.user_comm != user or t.comm == MPI.COMM_NULL:
         t = _CACHE[key] = MPITransport(user)
+    _BY_OBJECT[id(comm)] = t  # fast path for the next call with this very object
     return t

@@ -149,15 +149,13 @@ def _run(ns) -> int:
             print(f"# max |param - single-process whole-batch| = {d1:.3g}")
             print(f"# max |param - MPI_Allreduce-averaged run|  = {d2:.3g}")
     if ns.speedup:
-        # T1: one process, the whole global batch, timed while the others wait
-        x = task.take(task.data, global_batch(task, 0, ns.batch, ns.seed))
+        # T1: a whole training step (batch gathering, forward, backward, update) on the
+        # whole global batch in one process, timed on rank 0 while the others wait
         t1 = None
         if r == 0:
-            m = task.make_model()
-            m.loss_and_grads(x)
+            train_single(task, 1, ns.batch, **kw)  # warm-up
             a = time.perf_counter()
-            for _ in range(3):
-                m.loss_and_grads(x)
+            train_single(task, 3, ns.batch, **kw)
             t1 = (time.perf_counter() - a) / 3
         t1 = t.bcast_obj(t1, 0)
         grad_bytes = sum(v.nbytes for v in ddp.params.values())

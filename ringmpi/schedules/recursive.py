@@ -83,8 +83,9 @@ def _rd_cost(p, count, itemsize, **_):
                 avg_sent=(pp * L * n + 2 * q * n) / p)
 
 
-@register("allreduce", "recursive_doubling", _rd_cost)
-def allreduce_recursive_doubling(t, sendbuf, recvbuf, op):
+def _folded(t, sendbuf, recvbuf, op, body) -> None:
+    """p = 1: copy. Otherwise fold to p' = 2^k ranks, run body(v, real, p', src) on them
+    (src: this rank's input, already folded), and send the result back to the folded ranks."""
     if t.size == 1:
         if recvbuf is not sendbuf:
             recvbuf[...] = sendbuf
@@ -92,7 +93,13 @@ def allreduce_recursive_doubling(t, sendbuf, recvbuf, op):
     v, real = _fold_in(t, sendbuf, recvbuf, op)
     if v is not None:
         pp, q = _fold(t.size)
-        src = recvbuf if t.rank < 2 * q else sendbuf
+        body(v, real, pp, recvbuf if t.rank < 2 * q else sendbuf)
+    _fold_out(t, recvbuf)
+
+
+@register("allreduce", "recursive_doubling", _rd_cost)
+def allreduce_recursive_doubling(t, sendbuf, recvbuf, op):
+    def body(v, real, pp, src):
         tmp = t.empty(sendbuf.size, sendbuf.dtype)
         m = 1
         while m < pp:
@@ -102,7 +109,7 @@ def allreduce_recursive_doubling(t, sendbuf, recvbuf, op):
             t.combine(op, *((src, tmp) if v < v ^ m else (tmp, src)), recvbuf)
             src = recvbuf
             m <<= 1
-    _fold_out(t, recvbuf)
+    _folded(t, sendbuf, recvbuf, op, body)
 
 
 def _rab_cost(p, count, itemsize, **_):
@@ -120,15 +127,8 @@ def _rab_cost(p, count, itemsize, **_):
 
 @register("allreduce", "rabenseifner", _rab_cost)
 def allreduce_rabenseifner(t, sendbuf, recvbuf, op):
-    if t.size == 1:
-        if recvbuf is not sendbuf:
-            recvbuf[...] = sendbuf
-        return
-    v, real = _fold_in(t, sendbuf, recvbuf, op)
-    if v is not None:
-        pp, q = _fold(t.size)
+    def body(v, real, pp, src):
         off = offsets(block_counts(sendbuf.size, pp))
-        src = recvbuf if t.rank < 2 * q else sendbuf
         tmp = t.empty(max(off[pp // 2], off[-1] - off[pp // 2]), sendbuf.dtype)
         lo, hi = 0, pp
         m = pp >> 1
@@ -149,7 +149,7 @@ def allreduce_rabenseifner(t, sendbuf, recvbuf, op):
             t.sendrecv(recvbuf[off[base]:off[base + m]], real(v ^ m),
                        recvbuf[off[other]:off[other + m]], real(v ^ m))
             m <<= 1
-    _fold_out(t, recvbuf)
+    _folded(t, sendbuf, recvbuf, op, body)
 
 
 def _ag_cost(p, count, itemsize, **_):
