@@ -126,10 +126,23 @@ def _run(ns) -> int:
     t.barrier()
     t0 = time.perf_counter()
 
+    bar = None
+    if r == 0 and not ns.quiet and sys.stderr.isatty():
+        from rich.progress import Progress
+        bar = Progress(transient=True)
+        bar.start()
+        bar.add_task("training", total=ns.steps)
+
     def show(s, loss):
-        if r == 0 and not ns.quiet and (s % max(ns.steps // 10, 1) == 0 or s == ns.steps - 1):
+        if r == 0 and not ns.quiet:
             print(f"step {s:>5}  loss {loss:.6f}", flush=True)
-    ddp, opt, losses = train_dp(task, ns.steps, ns.batch, algorithm=ns.algorithm, on_step=show, **kw)
+            if bar:
+                bar.advance(bar.task_ids[0])
+    try:
+        ddp, opt, losses = train_dp(task, ns.steps, ns.batch, algorithm=ns.algorithm, on_step=show, **kw)
+    finally:
+        if bar:
+            bar.stop()
     t.barrier()
     elapsed = time.perf_counter() - t0
     digests = t.allgather_obj(params_digest(ddp.params))
