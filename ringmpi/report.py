@@ -26,25 +26,33 @@ def plot(out: Path, rows: list[dict], prof, p: int) -> list[str]:
     except ImportError:
         return []
     colls = list(dict.fromkeys(r["collective"] for r in rows))
+    names = list(dict.fromkeys(r["algorithm"] for r in rows if r["algorithm"] != "mpi"))
+    color = {a: f"C{i % 10}" for i, a in enumerate(names)}  # one colour per algorithm in every panel
     files = []
-    kinds = [("busbw", "bus bandwidth (GB/s), higher is better", "busbw.png"),
-             ("time_us", "time per call (us), lower is better; dotted: fitted alpha-beta-gamma model", "time.png"),
-             ("ratio_mpi", "time / MPI library's own (below 1: faster than MPI)", "ratio.png")]
-    for key, ylabel, fname in kinds:
-        fig, axes = plt.subplots(1, len(colls), figsize=(5.2 * len(colls), 4.2), squeeze=False)
-        for ax, coll in zip(axes[0], colls):
+    kinds = [("busbw", "bus bandwidth (GB/s)", "Bus bandwidth per algorithm: higher is better", "busbw.png"),
+             ("time_us", "time per call (us)", "Time per call: lower is better; dotted lines are the "
+              "fitted alpha-beta-gamma model of each algorithm", "time.png"),
+             ("ratio_mpi", "time / MPI's own", "Time divided by the MPI library's own collective at the "
+              "same size: below 1 is faster than MPI", "ratio.png")]
+    ncols = min(3, len(colls))
+    nrows = -(-len(colls) // ncols)
+    for key, ylabel, title, fname in kinds:
+        fig, axes = plt.subplots(nrows, ncols, figsize=(5.4 * ncols, 4.2 * nrows), squeeze=False)
+        for ax in axes.flat[len(colls):]:
+            ax.set_visible(False)
+        for ax, coll in zip(axes.flat, colls):
             sel = [r for r in rows if r["collective"] == coll and r["size"] > 0]
             place = "out" if any(r["placement"] == "out" for r in sel) else "in"
             sel = [r for r in sel if r["placement"] == place]
-            for k, alg in enumerate(dict.fromkeys(r["algorithm"] for r in sel)):
+            for alg in dict.fromkeys(r["algorithm"] for r in sel):
                 pts = sorted((r["size"], r[key], r.get("predicted_us")) for r in sel if r["algorithm"] == alg
                              and r[key] is not None)
                 if not pts:
                     continue
                 xs = [a for a, _, _ in pts]
-                style = dict(color="black", linewidth=2.5, linestyle="--") if alg == "mpi" else dict(color=f"C{k}")
+                style = dict(color="black", linewidth=2.5, linestyle="--") if alg == "mpi" else dict(color=color[alg])
                 ax.plot(xs, [b for _, b, _ in pts], marker="o", markersize=3,
-                        label=alg + (" (MPI's own)" if alg == "mpi" else ""), **style)
+                        label="MPI's own" if alg == "mpi" else alg, **style)
                 if key == "time_us" and alg != "mpi" and all(c is not None for _, _, c in pts):
                     ax.plot(xs, [c for _, _, c in pts], linestyle=":", color=style["color"], linewidth=1)
             if key == "ratio_mpi":
@@ -57,11 +65,12 @@ def plot(out: Path, rows: list[dict], prof, p: int) -> list[str]:
             ax.set_xticklabels([_label(x) for x in ticks], rotation=45, fontsize=7)
             ax.set_title(f"{coll} ({place}-of-place), {p} ranks")
             ax.set_xlabel("message size (bytes)")
+            ax.set_ylabel(ylabel)
             ax.grid(True, which="both", alpha=0.3)
-        axes[0][0].set_ylabel(ylabel)
-        axes[0][-1].legend(fontsize=7, loc="best")
+            ax.legend(fontsize=7, loc="best")
+        fig.suptitle(title, fontsize=11)
         fig.tight_layout()
-        fig.savefig(out / fname, dpi=90)
+        fig.savefig(out / fname, dpi=80)
         plt.close(fig)
         files.append(fname)
     return files
