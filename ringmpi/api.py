@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from . import auto as _auto
 from . import schedules as _alg
 from .auto import choose, default_segments
 from .backend import backend_for
@@ -99,6 +100,25 @@ class _Edge:
             self.fail(f"counts add up to {sum(c)}, expected len(sendbuf) = {total}")
         return c
 
+    def agree(self, alg: _alg.Algorithm, *fields) -> None:
+        """With RINGMPI_CHECK=1 (like TORCH_DISTRIBUTED_DEBUG=DETAIL), every rank compares the
+        call's fingerprint with the others' first, and all raise together on a mismatch,
+        instead of hanging or silently mixing buffers of different lengths."""
+        flag = _auto.ENV.get("check")
+        if flag is None:
+            _auto.reload_env()
+            flag = _auto.ENV["check"]
+        if flag in ("", "0") or self.t.size == 1:
+            return
+        mine = (self.call, alg.name) + fields
+        every = self.t.allgather_obj(mine)
+        if any(f != every[0] for f in every):
+            groups: dict = {}
+            for r, f in enumerate(every):
+                groups.setdefault(f, []).append(r)
+            text = "; ".join(f"ranks {g}: {' '.join(map(str, f))}" for f, g in groups.items())
+            self.fail(f"ranks disagree on this collective call (RINGMPI_CHECK): {text}")
+
     def algorithm(self, collective: str, algorithm: str, count: int, itemsize: int, **kw) -> _alg.Algorithm:
         if not isinstance(algorithm, str):
             self.fail(f"algorithm must be a name, got {algorithm!r}")
@@ -133,6 +153,7 @@ def allreduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any
     if not inplace:
         e.no_partial_overlap(send, recv)
     alg = e.algorithm("allreduce", algorithm, send.size, send.itemsize)
+    e.agree(alg, send.size, send.dtype.name, opn)
     alg.run(e.t, recv if inplace else send, recv, opn)
     return _result(recvbuf, recv, sendbuf.shape)
 
@@ -158,6 +179,7 @@ def reduce_scatter(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op
         recv = e.recv(recvbuf, send, c[r])
         e.no_partial_overlap(send, recv)
     alg = e.algorithm("reduce_scatter", algorithm, send.size, send.itemsize)
+    e.agree(alg, send.size, send.dtype.name, opn, tuple(c))
     alg.run(e.t, send, recv, opn, c)
     return _result(recvbuf, recv)
 
@@ -194,6 +216,7 @@ def allgather(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, comm: A
         recv, send = e.recv(recvbuf, buf, off[-1]), buf
         e.no_partial_overlap(send, recv)
     alg = e.algorithm("allgather", algorithm, off[-1], buf.itemsize)
+    e.agree(alg, buf.dtype.name, tuple(c))
     alg.run(e.t, send, recv, c)
     return _result(recvbuf, recv)
 
@@ -212,6 +235,7 @@ def broadcast(buf: np.ndarray, root: int = 0, *, comm: Any = None, algorithm: st
                                  or segments < 1):
         e.fail(f"segments must be a positive integer or None, got {segments!r}")
     alg = e.algorithm("broadcast", algorithm, flat.size, flat.itemsize)
+    e.agree(alg, flat.size, flat.dtype.name, root, segments)
     if segments is None and alg.name == "pipeline":
         segments = default_segments(e.t.size, flat.size, flat.itemsize, e.t)
     alg.run(e.t, flat, root, int(segments or 1))
@@ -233,6 +257,7 @@ def reduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, root: int = 0
         if not inplace:
             e.no_partial_overlap(send, recv)
     alg = e.algorithm("reduce", algorithm, send.size, send.itemsize)
+    e.agree(alg, send.size, send.dtype.name, opn, root)
     alg.run(e.t, send, recv, opn, root)
     return _result(recvbuf, recv, sendbuf.shape) if at_root else None
 

@@ -12,6 +12,7 @@ profile is read on rank 0 and broadcast.
 
 Environment (read at the first auto call; `reload_env()` rereads it): RINGMPI_ALGO forces a choice ("ring" everywhere it exists, or per collective
 "allreduce=ring,broadcast=pipeline"); RINGMPI_DEBUG=INFO prints each choice and why;
+RINGMPI_CHECK=1 compares every call's arguments across ranks first (see api);
 RINGMPI_PROFILE names the profile file (default ~/.cache/ringmpi/profile-p{P}.json).
 """
 from __future__ import annotations
@@ -111,6 +112,7 @@ def reload_env() -> tuple[str, str]:
     call, like NCCL's variables; call this after changing them in a running program)."""
     ENV["algo"] = os.environ.get("RINGMPI_ALGO", "")
     ENV["debug"] = os.environ.get("RINGMPI_DEBUG", "")
+    ENV["check"] = os.environ.get("RINGMPI_CHECK", "")
     return ENV["algo"], ENV["debug"]
 
 

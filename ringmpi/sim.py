@@ -17,8 +17,7 @@ sums print as in the lecture (a1+b1+c1+d1).
 """
 from __future__ import annotations
 
-from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from collections import deque
 from typing import Any, Callable
 
 import numpy as np
@@ -68,20 +67,14 @@ def symbolic(names: str, p: int, blocks: int) -> list[np.ndarray]:
     return out
 
 
-@dataclass
-class _Msg:
-    op: "_Op"
-    buf: Any
-
-
-@dataclass
 class _Op:
-    rank: int
-    posted: float
-    volume: float
-    pending: int = 0
-    depth: int = 0  # critical-path length (rounds) at posting
-    peers: list = field(default_factory=list)
+    """One posted sendrecv/exchange: its rendezvous inputs and how many messages are pending."""
+    __slots__ = ("rank", "posted", "volume", "pending", "depth", "peers")
+
+    def __init__(self, rank: int, posted: float, volume: float, pending: int, depth: int) -> None:
+        self.rank, self.posted, self.volume = rank, posted, volume
+        self.pending, self.depth = pending, depth  # depth: critical-path rounds at posting
+        self.peers: list = []
 
 
 class VirtualRank:
@@ -115,17 +108,23 @@ class VirtualRank:
             self.snapshots.append((self.clock, self.watch.copy()))
         if not sends and not recvs:
             return
-        nb = self.cluster.nbytes
-        vol = max(sum(nb(b) for b, _ in sends), sum(nb(b) for b, _ in recvs))
-        op = _Op(self.rank, self.clock, vol, pending=len(sends) + len(recvs), depth=self.rounds)
+        cl = self.cluster
+        nb = cl.nbytes
+        out = [nb(b) for b, _ in sends]
+        inn = [nb(b) for b, _ in recvs]
+        op = _Op(self.rank, self.clock, max(sum(out), sum(inn)), len(out) + len(inn), self.rounds)
+        c = self.counters
+        c.messages += len(out)
+        c.bytes_sent += sum(out)
+        self.bytes_received += sum(inn)
+        size, me = self.size, self.rank
         for buf, dest in sends:
-            self.counters.messages += 1
-            self.counters.bytes_sent += nb(buf)
-            self.cluster._post_send(self.rank, dest, _Msg(op, buf))
+            cl._post(me * size + dest, 0, (op, buf))
         for buf, src in recvs:
-            self.bytes_received += nb(buf)
-            self.cluster._post_recv(src, self.rank, _Msg(op, buf))
-        self.cluster._block(self, op)
+            cl._post(src * size + me, 1, (op, buf))
+        if op.pending != -1:  # not already completed by the matches above
+            cl._blocked[me] = op
+            cl._main.switch()
 
     # -- local work ---------------------------------------------------------------------
     def empty(self, n: int, dtype: Any) -> np.ndarray:
@@ -153,57 +152,51 @@ class VirtualCluster:
         self.profile = profile
         self.sym_itemsize = sym_itemsize
         self.ranks = [VirtualRank(self, r) for r in range(size)]
-        self._sends: dict = defaultdict(deque)
-        self._recvs: dict = defaultdict(deque)
+        self._chans: dict = {}
         self._blocked: dict[int, _Op] = {}
         self._ready: deque = deque()
         self._main: greenlet | None = None
 
     def nbytes(self, buf) -> int:
-        return buf.size * self.sym_itemsize if buf.dtype == object else buf.nbytes
+        return buf.nbytes if buf.dtype.kind != "O" else buf.size * self.sym_itemsize
 
-    # -- matching -----------------------------------------------------------------------
-    def _post_send(self, src: int, dst: int, msg: _Msg) -> None:
-        self._sends[(src, dst)].append(msg)
-        self._match((src, dst))
-
-    def _post_recv(self, src: int, dst: int, msg: _Msg) -> None:
-        self._recvs[(src, dst)].append(msg)
-        self._match((src, dst))
-
-    def _match(self, chan) -> None:
-        sq, rq = self._sends[chan], self._recvs[chan]
+    # -- matching: FIFO per (source, destination) channel, as MPI's non-overtaking rule ---
+    def _post(self, chan: int, side: int, msg: tuple) -> None:
+        queues = self._chans.get(chan)
+        if queues is None:
+            queues = self._chans[chan] = (deque(), deque())
+        queues[side].append(msg)
+        sq, rq = queues
         while sq and rq:
-            s, r = sq.popleft(), rq.popleft()
-            if s.buf.size != r.buf.size:
-                raise SimDeadlock(f"rank {chan[0]} sent {s.buf.size} elements to rank {chan[1]}, "
-                                  f"which posted a receive of {r.buf.size} (MPI would truncate or hang)")
-            r.buf[...] = s.buf
-            s.op.peers.append(r.op)
-            r.op.peers.append(s.op)
-            for op in (s.op, r.op):
+            (sop, sbuf), (rop, rbuf) = sq.popleft(), rq.popleft()
+            if sbuf.size != rbuf.size:
+                src, dst = divmod(chan, self.size)
+                raise SimDeadlock(f"rank {src} sent {sbuf.size} elements to rank {dst}, "
+                                  f"which posted a receive of {rbuf.size} (MPI would truncate or hang)")
+            rbuf[...] = sbuf
+            sop.peers.append(rop)
+            rop.peers.append(sop)
+            for op in (sop, rop):
                 op.pending -= 1
                 if op.pending == 0:
                     self._complete(op)
 
     def _complete(self, op: _Op) -> None:
         prof = self.profile
-        start = max([op.posted] + [q.posted for q in op.peers])
-        vol = max([op.volume] + [q.volume for q in op.peers])
+        start, vol, depth = op.posted, op.volume, op.depth
+        for q in op.peers:
+            if q.posted > start:
+                start = q.posted
+            if q.volume > vol:
+                vol = q.volume
+            if q.depth > depth:
+                depth = q.depth
         rank = self.ranks[op.rank]
         rank.clock = start + prof.alpha + vol * prof.beta
-        rank.rounds = max([op.depth] + [q.depth for q in op.peers]) + 1
-        if op.rank in self._blocked:
-            del self._blocked[op.rank]
+        rank.rounds = depth + 1
+        op.pending = -1
+        if self._blocked.pop(op.rank, None) is not None:
             self._ready.append(op.rank)
-        else:
-            op.pending = -1  # completed before its rank yielded
-
-    def _block(self, rank: VirtualRank, op: _Op) -> None:
-        if op.pending == -1:
-            return
-        self._blocked[rank.rank] = op
-        self._main.switch()
 
     # -- running ------------------------------------------------------------------------
     def run(self, fn: Callable[[VirtualRank], Any]) -> list:

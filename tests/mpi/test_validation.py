@@ -135,3 +135,20 @@ def test_one_transport_per_communicator():
     """comm=None and comm=COMM_WORLD share one transport (counters, profile, scratch)."""
     assert transport(None) is transport(COMM)
     assert transport(COMM) is transport(MPI.COMM_WORLD)
+
+
+@pytest.mark.skipif(P == 1, reason="needs two ranks to disagree")
+def test_check_mode_catches_mismatched_calls(monkeypatch):
+    """RINGMPI_CHECK=1: a rank with another length, dtype or forced algorithm makes every
+    rank raise the same clear error, instead of a hang or a silently wrong tail."""
+    monkeypatch.setattr("ringmpi.auto.ENV", {"algo": "", "debug": "", "check": "1"})
+    ok = ringmpi.allreduce(np.ones(8), algorithm="ring")
+    assert np.all(ok == P)
+    x = np.ones(8 + (R == P - 1))
+    with pytest.raises(ringmpi.RingmpiUsageError, match=r"ranks disagree .*ranks \[0.*\]: allreduce ring 8 float64 SUM"):
+        ringmpi.allreduce(x, algorithm="ring")
+    with pytest.raises(ringmpi.RingmpiUsageError, match="ranks disagree"):
+        ringmpi.allgather(np.ones(3 + (R == 0)), algorithm="ring")
+    monkeypatch.setattr("ringmpi.auto.ENV", {"algo": "tree" if R == 0 else "ring", "debug": "", "check": "1"})
+    with pytest.raises(ringmpi.RingmpiUsageError, match="ranks disagree"):
+        ringmpi.broadcast(np.ones(4), 0)
