@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# A real multi-host run on one Linux machine: every rank in its own network namespace (its
+# own hostname and IP, joined by veth pairs on a bridge), so MPI sees N hosts and every byte
+# crosses TCP, as on a cluster. Needs root, iproute2 and unshare; Open MPI (the wheel).
+#   sudo bash benchmarks/multihost.sh [N=4] [-- ringmpi bench arguments]
+# It creates namespaces rmh0..rmh{N-1} (10.77.0.1..N/24, bridge rmbr0 at 10.77.0.254) and
+# removes them, the bridge and its /etc/hosts lines on exit. RUN_CMD replaces the benchmark
+# (e.g. RUN_CMD="$PWD/.venv/bin/python probe.py"), EXTRA_MPI_ARGS adds launcher flags.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${1:-4}; shift || true
+[ "${1:-}" = "--" ] && shift
+ARGS=("$@"); [ ${#ARGS[@]} -eq 0 ] && ARGS=(-c allreduce,broadcast -b 1K -e 16M -f 4 --out "benchmarks/results/multihost-p$N")
+PY=$(pwd)/.venv/bin/python
+MPIRUN=$(dirname "$PY")/mpirun
+WORK=
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+cleanup() {
+  for i in $(seq 0 $((N - 1))); do ip netns del "rmh$i" 2>/dev/null || true; done
+  ip link del rmbr0 2>/dev/null || true
+  sed -i '/# ringmpi-multihost$/d' /etc/hosts
+  [ -z "$WORK" ] || rm -rf "$WORK"
+}
+trap cleanup EXIT
+cleanup
+WORK=$(mktemp -d)
+ip link add rmbr0 type bridge
+ip addr add 10.77.0.254/24 dev rmbr0
+ip link set rmbr0 up
+for i in $(seq 0 $((N - 1))); do
+  h=rmh$i
+  ip netns add $h
+  ip link add "v$h" type veth peer name eth0 netns $h
+  ip link set "v$h" master rmbr0 up
+  ip netns exec $h ip addr add 10.77.0.$((i + 1))/24 dev eth0
+  ip netns exec $h ip link set eth0 up
+  ip netns exec $h ip link set lo up
+  echo "10.77.0.$((i + 1)) $h # ringmpi-multihost" >> /etc/hosts
+  echo "$h slots=1" >> "$WORK/hosts"
+done
+# Open MPI starts its daemons through an "ssh agent": this one drops ssh's options and
+# runs the command inside the host's namespace, with its own hostname (UTS namespace).
+cat > "$WORK/agent" <<'AGENT'
+#!/bin/sh
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -o|-p|-l|-i|-F) shift 2 ;;   # options that take a value
+    -*) shift ;;
+    *) break ;;
+  esac
+done
+host=$1; shift
+exec ip netns exec "$host" unshare --uts sh -c "hostname $host; exec sh -c \"\$0\"" "$*"
+AGENT
+chmod +x "$WORK/agent"
+NET=10.77.0.0/24
+"$PY" -m ringmpi.launch -n "$N" --timeout 1800 --mpi-args "--hostfile $WORK/hosts \
+  --prtemca plm_ssh_agent $WORK/agent --prtemca plm_ssh_no_tree_spawn 1 \
+  --prtemca oob_tcp_if_include $NET --mca oob_tcp_if_include $NET \
+  --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include $NET --mca mpi_yield_when_idle 1 --map-by node ${EXTRA_MPI_ARGS:-}" \
+  -- ${RUN_CMD:-"$PY" -m ringmpi bench --no-save-profile "${ARGS[@]}"}
