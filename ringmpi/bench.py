@@ -416,9 +416,9 @@ def print_table(rows, auto_rows, p) -> None:
         spec = SPECS[coll]
         print(f"#\n# {coll}: 'mpi' = the MPI library's own collective, called directly; busbw = algbw x {FACTOR_TEXT[coll]} = {spec.factor(p):.3g}; "
               f"xMPI = time / MPI's own (below 1: faster than MPI); sent = bytes this algorithm put "
-              f"on the wire per rank (max)")
+              f"on the wire per rank (max), sentbw = sent / time in GB/s")
         print(f"# {'size(B)':>10} {'count':>10} {'type':>7} {'redop':>5} {'root':>4} {'algorithm':<19}"
-              f"{'time(us)':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6} {'sent(B)':>10} {'xMPI':>6} {'pred(us)':>9}"
+              f"{'time(us)':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6} {'sent(B)':>10} {'sentbw':>7} {'xMPI':>6} {'pred(us)':>9}"
               f" |{'in-place':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6} {'xMPI':>6}")
         sizes = sorted({r["size"] for r in rows if r["collective"] == coll})
         for size in sizes:
@@ -429,10 +429,10 @@ def print_table(rows, auto_rows, p) -> None:
                           and r["algorithm"] == alg and r["placement"] == "in"), None)
                 head = o or i
                 left = (f"{_fmt(o['time_us'], '{:10.1f}')} {o['algbw']:7.3f} {o['busbw']:7.3f} {o['wrong']:6d} "
-                        f"{_fmt(o['sent_bytes'], '{:10d}'):>10} {_fmt(o['ratio_mpi'], '{:6.2f}'):>6} "
-                        f"{_fmt(o['predicted_us'], '{:9.1f}'):>9}") if o else \
-                    f"{'-':>10} {'-':>7} {'-':>7} {'-':>6} {_fmt(i['sent_bytes'], '{:10d}'):>10} {'-':>6} " \
-                    f"{_fmt(i['predicted_us'], '{:9.1f}'):>9}"
+                        f"{_fmt(o['sent_bytes'], '{:10d}'):>10} {_fmt(o['sent_busbw'], '{:7.3f}'):>7} "
+                        f"{_fmt(o['ratio_mpi'], '{:6.2f}'):>6} {_fmt(o['predicted_us'], '{:9.1f}'):>9}") if o else \
+                    f"{'-':>10} {'-':>7} {'-':>7} {'-':>6} {_fmt(i['sent_bytes'], '{:10d}'):>10} " \
+                    f"{_fmt(i['sent_busbw'], '{:7.3f}'):>7} {'-':>6} {_fmt(i['predicted_us'], '{:9.1f}'):>9}"
                 right = (f"{i['time_us']:10.1f} {i['algbw']:7.3f} {i['busbw']:7.3f} {i['wrong']:6d} "
                          f"{_fmt(i['ratio_mpi'], '{:6.2f}'):>6}") if i else ""
                 print(f"  {size:>10} {head['count']:>10} {head['type']:>7} {head['redop']:>5} {head['root']:>4} "
