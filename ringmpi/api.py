@@ -20,7 +20,8 @@ __all__ = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "s
            "algorithms", "RingmpiUsageError", "last_choice"]
 
 
-_DTYPE_CHARS = frozenset(d.char for d in SUPPORTED_DTYPES)
+# (kind, itemsize): np.longlong and np.int64 are different chars of the same type
+_DTYPE_KEYS = frozenset((d.kind, d.itemsize) for d in SUPPORTED_DTYPES)
 
 
 class RingmpiUsageError(ValueError):
@@ -28,7 +29,7 @@ class RingmpiUsageError(ValueError):
 
 
 def algorithms(collective: str) -> list[str]:
-    """The algorithm names of `collective` (plus "auto", which picks among them)."""
+    """The algorithm names of `collective`; algorithm="auto" picks among them."""
     return _alg.names(collective)
 
 
@@ -50,7 +51,8 @@ class _Edge:
         if not buf.flags.c_contiguous:
             self.fail(f"{name} must be C-contiguous (got strides {buf.strides} for shape "
                       f"{buf.shape}); pass np.ascontiguousarray({name})")
-        if buf.dtype.char not in _DTYPE_CHARS or buf.dtype.byteorder == ">":
+        dt = buf.dtype
+        if (dt.kind, dt.itemsize) not in _DTYPE_KEYS or not dt.isnative:
             self.fail(f"{name} has dtype {buf.dtype}; expected one of "
                       f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}")
         if writable and not buf.flags.writeable:

@@ -219,6 +219,13 @@ def test_multidimensional_buffers(rng):
     assert ringmpi.allreduce(x, y, algorithm="tree") is y
 
 
+def test_platform_integer_aliases():
+    """np.longlong, np.intc, np.uintp ... are accepted like the sized types they alias."""
+    for t in (np.longlong, np.intc, np.uintp, np.ulonglong, np.double, np.single):
+        x = np.arange(5, dtype=t)
+        assert np.array_equal(ringmpi.allreduce(x, algorithm="ring"), x * P)
+
+
 def test_int_sum_wraps_like_numpy():
     """Overflowing integer sums wrap (two's complement), as numpy does, on every algorithm."""
     x = np.full(P + 1, 100, dtype=np.int8)

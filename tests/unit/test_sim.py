@@ -2,8 +2,6 @@
 equal to numpy, and simulated time / traffic / rounds equal to every registered formula."""
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -120,8 +118,6 @@ def test_size_mismatch_is_reported():
 
 @pytest.mark.parametrize("algorithm", ["tree", "recursive_doubling", "rabenseifner", "naive"])
 def test_1024_virtual_ranks(algorithm):
-    t0 = time.perf_counter()
     cl, outs = run_collective("allreduce", algorithm, [np.full(1024, r, np.int64) for r in range(1024)])
     assert np.array_equal(outs[517], np.full(1024, 1023 * 1024 // 2))
     assert cl.time == pytest.approx(cost("allreduce", algorithm, 1024, 1024, 8).time(Profile(5e-6, 1 / 25e9)))
-    assert time.perf_counter() - t0 < 60  # generous: a sanity bound, not a benchmark
