@@ -11,6 +11,7 @@ import numpy as np
 
 from . import auto as _auto
 from . import schedules as _alg
+from . import stall as _stall
 from .auto import choose, default_segments
 from .backend import backend_for
 from .mpicomm import MPI, MPITransport, normalize_op, transport
@@ -121,6 +122,14 @@ class _Edge:
             text = "; ".join(f"ranks {g}: {' '.join(map(str, f))}" for f, g in groups.items())
             self.fail(f"ranks disagree on this collective call (RINGMPI_CHECK): {text}")
 
+    def run(self, alg: _alg.Algorithm, *args) -> None:
+        """Run the schedule under the stall inspector (a warning, not a silent hang)."""
+        _stall.enter(f"{self.call}/{alg.name}", self.t)
+        try:
+            alg.run(self.t, *args)
+        finally:
+            _stall.leave()
+
     def algorithm(self, collective: str, algorithm: str, count: int, itemsize: int, **kw) -> _alg.Algorithm:
         if not isinstance(algorithm, str):
             self.fail(f"algorithm must be a name, got {algorithm!r}")
@@ -156,7 +165,7 @@ def allreduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any
         e.no_partial_overlap(send, recv)
     alg = e.algorithm("allreduce", algorithm, send.size, send.itemsize)
     e.agree(alg, send.size, send.dtype.name, opn)
-    alg.run(e.t, recv if inplace else send, recv, opn)
+    e.run(alg, recv if inplace else send, recv, opn)
     return _result(recvbuf, recv, sendbuf.shape)
 
 
@@ -182,7 +191,7 @@ def reduce_scatter(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op
         e.no_partial_overlap(send, recv)
     alg = e.algorithm("reduce_scatter", algorithm, send.size, send.itemsize)
     e.agree(alg, send.size, send.dtype.name, opn, tuple(c))
-    alg.run(e.t, send, recv, opn, c)
+    e.run(alg, send, recv, opn, c)
     return _result(recvbuf, recv)
 
 
@@ -219,7 +228,7 @@ def allgather(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, comm: A
         e.no_partial_overlap(send, recv)
     alg = e.algorithm("allgather", algorithm, off[-1], buf.itemsize)
     e.agree(alg, buf.dtype.name, tuple(c))
-    alg.run(e.t, send, recv, c)
+    e.run(alg, send, recv, c)
     return _result(recvbuf, recv)
 
 
@@ -240,7 +249,7 @@ def broadcast(buf: np.ndarray, root: int = 0, *, comm: Any = None, algorithm: st
     e.agree(alg, flat.size, flat.dtype.name, root, segments)
     if segments is None and alg.name == "pipeline":
         segments = default_segments(e.t.size, flat.size, flat.itemsize, e.t)
-    alg.run(e.t, flat, root, int(segments or 1))
+    e.run(alg, flat, root, int(segments or 1))
     return buf
 
 
@@ -260,7 +269,7 @@ def reduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, root: int = 0
             e.no_partial_overlap(send, recv)
     alg = e.algorithm("reduce", algorithm, send.size, send.itemsize)
     e.agree(alg, send.size, send.dtype.name, opn, root)
-    alg.run(e.t, send, recv, opn, root)
+    e.run(alg, send, recv, opn, root)
     return _result(recvbuf, recv, sendbuf.shape) if at_root else None
 
 
@@ -276,7 +285,11 @@ def shift(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, offset: int
         e.fail("shift cannot run in place; pass a separate recvbuf")
     e.no_partial_overlap(send, recv)
     p, r = e.t.size, e.t.rank
-    e.t.sendrecv(send, (r + offset) % p, recv, (r - offset) % p)
+    _stall.enter("shift", e.t)
+    try:
+        e.t.sendrecv(send, (r + offset) % p, recv, (r - offset) % p)
+    finally:
+        _stall.leave()
     return _result(recvbuf, recv, sendbuf.shape)
 
 

@@ -204,6 +204,10 @@ class MPITransport:
             self.comm.Reduce(sendbuf, recvbuf if self.rank == root else None, mpi_op(op), root)
 
     # -- helpers for harnesses (benchmark, calibration, trainer) --------------------------
+    def abort(self, code: int = 1) -> None:
+        """End every process of the job (MPI_Abort on the user's communicator)."""
+        self.user_comm.Abort(code)
+
     def barrier(self) -> None:
         self.comm.Barrier()
 

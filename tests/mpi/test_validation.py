@@ -152,3 +152,31 @@ def test_check_mode_catches_mismatched_calls(monkeypatch):
     monkeypatch.setattr("ringmpi.auto.ENV", {"algo": "tree" if R == 0 else "ring", "debug": "", "check": "1"})
     with pytest.raises(ringmpi.RingmpiUsageError, match="ranks disagree"):
         ringmpi.broadcast(np.ones(4), 0)
+
+
+@pytest.mark.skipif(P != 1, reason="spawns its own 2-rank jobs; run once")
+@pytest.mark.parametrize("mode", ["warn", "abort"])
+def test_stall_inspector(tmp_path, mode):
+    """A rank that is late to a collective gets named on stderr; one that never comes makes
+    the job abort after RINGMPI_STALL_ABORT seconds instead of hanging forever."""
+    script = tmp_path / "late.py"
+    script.write_text(
+        "import time, numpy as np, ringmpi\n"
+        "from mpi4py import MPI\n"
+        "r = MPI.COMM_WORLD.rank\n"
+        "ringmpi.allreduce(np.ones(1), algorithm='ring')  # both ranks in step once\n"
+        "if r == 1:\n"
+        f"    time.sleep({'4' if mode == 'warn' else '600'})\n"
+        "out = ringmpi.allreduce(np.ones(10), algorithm='ring')\n"
+        "print('result', r, out[0], flush=True)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM", "PMIX", "PRTE", "OMPI_MCA"))}
+    env.update(RINGMPI_STALL_WARN="1", RINGMPI_STALL_ABORT="" if mode == "warn" else "3")
+    cmd = [sys.executable, "-m", "ringmpi.launch", "-n", "2", "--timeout", "120", "--",
+           sys.executable, str(script)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    out = proc.stdout + proc.stderr
+    assert "ringmpi: rank 0 of 2 has waited" in out and "allreduce/ring" in out, out
+    if mode == "warn":
+        assert proc.returncode == 0 and "result 0 2.0" in out and "result 1 2.0" in out, out
+    else:
+        assert proc.returncode not in (0, 124) and "aborting the job" in out, out
