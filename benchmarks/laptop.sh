@@ -7,7 +7,7 @@ PY=${PY:-.venv/bin/python}
 OUT=${OUT:-benchmarks/results}
 run() { local np=$1; shift; $PY -m ringmpi.launch -n "$np" --timeout 1800 -- $PY -m ringmpi bench --no-progress "$@"; }
 # 1. all-reduce, 2 ranks, 1 KiB .. 64 MiB in steps of 2: ring vs MPI_Allreduce, auto vs the fastest
-run 2 -c allreduce -b 1K -e 64M -f 2 --rounds 7 --out "$OUT/p2-allreduce" | tee "$OUT/p2-allreduce.txt"
+run 2 -C allreduce -b 1K -e 64M -f 2 --rounds 7 --out "$OUT/p2-allreduce" | tee "$OUT/p2-allreduce.txt"
 # 2. every collective, 2 and 4 ranks, 1 KiB .. 16 MiB in steps of 4
 run 2 -b 1K -e 16M -f 4 --out "$OUT/p2-all" | tee "$OUT/p2-all.txt"
 run 4 -b 1K -e 16M -f 4 --out "$OUT/p4-all" | tee "$OUT/p4-all.txt"

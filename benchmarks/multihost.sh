@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-4}; shift || true
 [ "${1:-}" = "--" ] && shift
-ARGS=("$@"); [ ${#ARGS[@]} -eq 0 ] && ARGS=(-c allreduce,broadcast -b 1K -e 16M -f 4 --out "benchmarks/results/multihost-p$N")
+ARGS=("$@"); [ ${#ARGS[@]} -eq 0 ] && ARGS=(-C allreduce,broadcast -b 1K -e 16M -f 4 --out "benchmarks/results/multihost-p$N")
 PY=$(pwd)/.venv/bin/python
 MPIRUN=$(dirname "$PY")/mpirun
 WORK=

@@ -1,7 +1,10 @@
 """`ringmpi bench`: collectives x algorithms x sizes, reported the way nccl-tests does.
 
-    mpirun -n 4 python -m ringmpi bench [-b 1K] [-e 16M] [-f 4] [-c allreduce,broadcast]
-                                        [-a ring,mpi] [-d float32] [-o sum] [-r 0] [-n ITERS]
+    mpirun -n 4 python -m ringmpi bench [-b 1K] [-e 16M] [-f 4 | -i 1M] [-C allreduce,broadcast]
+                 [-A ring,mpi] [-d float32] [-o sum] [-r 0] [-n ITERS] [-w WARMUP] [-c 1] [-a 1] [-J out.json]
+
+Flags mean what they mean in nccl-tests (-c check, -a average mode, -J json); the
+collectives and algorithms are chosen with -C and -A.
 
 One harness owns warm-up, timing, the correctness check and the report; each collective is
 a small plug-in (`Spec`: buffer sizes, exact inputs, expected output, bus-bandwidth factor).
@@ -231,7 +234,7 @@ def time_interleaved(t, runners: dict[str, Callable[[], object]], iters: int, wa
     mine = {k: statistics.median(v) for k, v in samples.items()}
     everyone = t.allgather_obj(mine)
     return {k: (sum(d[k] for d in everyone) / len(everyone), min(d[k] for d in everyone),
-                max(d[k] for d in everyone)) for k in keys}
+                max(d[k] for d in everyone), everyone[0][k]) for k in keys}
 
 
 def banner(t) -> dict:
@@ -271,9 +274,10 @@ def run(ns) -> int:
     op = ns.op.upper()
     colls = [c.strip() for c in ns.collectives.split(",")] if ns.collectives != "all" else list(COLLS)
     sizes, s = [], parse_nccl_size(ns.minbytes)
+    step = parse_nccl_size(ns.stepbytes) if getattr(ns, "stepbytes", "") else 0
     while s <= parse_nccl_size(ns.maxbytes):
         sizes.append(s)
-        s = max(s + 1, int(s * ns.stepfactor))
+        s = s + step if step else max(s + 1, int(s * ns.stepfactor))
     info = banner(t)
     root = ns.root % p
     rows, samples, auto_rows = [], [], []
@@ -307,22 +311,24 @@ def run(ns) -> int:
                 places = [False, True] if spec.has_out_of_place else [True]
                 runners = {(a, ip): (lambda a=a, ip=ip: case.call(a, ip)) for a in algs for ip in places}
                 timing = time_interleaved(t, runners, iters, warm, ns.rounds)
-                for (a, ip), (tavg, tmin, tmax) in timing.items():
+                for (a, ip), (tavg, tmin, tmax, t0) in timing.items():
+                    tsel = (t0, tavg, tmin, tmax)[getattr(ns, "average", 1)]
                     bad, sent = case.wrong(a, ip) if ns.check else (0, 0)
                     bad = sum(t.allgather_obj(bad))
                     sent = max(t.allgather_obj(sent))
-                    algbw = case.size / tavg / 1e9 if tavg > 0 else 0.0
+                    algbw = case.size / tsel / 1e9 if tsel > 0 else 0.0
                     rows.append(dict(collective=coll, algorithm=a, placement="in" if ip else "out",
                                      size=case.size, count=case.count, type=dtype.name,
                                      redop=op if spec.reduces else "none", root=root if coll in ("broadcast", "reduce") else -1,
-                                     time_us=tavg * 1e6, time_min_us=tmin * 1e6, time_max_us=tmax * 1e6,
+                                     time_us=tsel * 1e6, time_avg_us=tavg * 1e6, time_min_us=tmin * 1e6,
+                                     time_max_us=tmax * 1e6, time_rank0_us=t0 * 1e6,
                                      algbw=algbw, busbw=algbw * spec.factor(p), wrong=bad,
                                      sent_bytes=sent if a != "mpi" else None,
-                                     sent_busbw=(sent / tavg / 1e9) if a != "mpi" and tavg > 0 else None,
+                                     sent_busbw=(sent / tsel / 1e9) if a != "mpi" and tsel > 0 else None,
                                      iters=iters))
                     if (not ip or not spec.has_out_of_place) and case.count:
                         samples.append(Sample(coll, a, case.count * (p if spec.per_rank_count else 1),
-                                              dtype.itemsize, tavg))
+                                              dtype.itemsize, tsel))
                 if prog:
                     prog.advance(prog.task_ids[0])
         if ns.p2p:
@@ -368,11 +374,16 @@ def run(ns) -> int:
         if not ns.quiet:
             print_table(rows, auto_rows, p)
         nonzero = [r["busbw"] for r in rows if r["size"]]
+        for coll, bands in best_bands(rows).items():
+            print(f"# fastest by size band, {coll}: " + "; ".join(f"{lo if lo == hi else lo + '-' + hi}: {alg}" for lo, hi, alg in bands))
         print(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
         print(f"# Avg bus bandwidth    : {sum(nonzero) / max(len(nonzero), 1):.4g} GB/s")
         print(f"# Fitted profile: alpha {prof.alpha * 1e6:.3g} us, B {1 / prof.beta / 1e9 if prof.beta else float('inf'):.3g} GB/s, "
               f"gamma^-1 {1 / prof.gamma / 1e9 if prof.gamma else float('inf'):.3g} GB/s, overhead {prof.overhead * 1e6:.3g} us "
               f"(median fit error {prof.meta['fit']['median_rel_err'] or 0:.0%})")
+        if getattr(ns, "json", ""):
+            Path(ns.json).write_text(json.dumps({"banner": info, "rows": rows, "auto": auto_rows}, indent=1))
+            print(f"# JSON: {ns.json}")
         if ns.out:
             from .report import write_report
             path = write_report(Path(ns.out), info, rows, auto_rows, prof, p, vars(ns))
@@ -386,6 +397,31 @@ def run(ns) -> int:
             except OSError as e:
                 print(f"# could not save the profile to {dest}: {e}")
     return 1 if wrong else 0
+
+
+def _size_label(n: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
+
+
+def best_bands(rows: list[dict]) -> dict[str, list[tuple[str, str, str]]]:
+    """Per collective, consecutive sizes with the same fastest algorithm: (from, to, name)."""
+    out: dict = {}
+    for coll in dict.fromkeys(r["collective"] for r in rows):
+        sel = [r for r in rows if r["collective"] == coll and r["size"]]
+        place = "out" if any(r["placement"] == "out" for r in sel) else "in"
+        bands: list = []
+        for size in sorted({r["size"] for r in sel}):
+            best = min((r for r in sel if r["size"] == size and r["placement"] == place),
+                       key=lambda r: r["time_us"])["algorithm"]
+            if bands and bands[-1][2] == best:
+                bands[-1][1] = size
+            else:
+                bands.append([size, size, best])
+        out[coll] = [(_size_label(a), _size_label(b), alg) for a, b, alg in bands]
+    return out
 
 
 def _attach_predictions(rows, prof, p) -> None:
@@ -448,15 +484,19 @@ def add_parser(sub) -> None:
     b.add_argument("-b", "--minbytes", default="1K", help="smallest size (K/M/G suffixes, default 1K)")
     b.add_argument("-e", "--maxbytes", default="16M", help="largest size (default 16M)")
     b.add_argument("-f", "--stepfactor", type=float, default=4, help="size growth factor (default 4)")
-    b.add_argument("-c", "--collectives", default="all", help="comma-separated, default all")
-    b.add_argument("-a", "--algorithms", default="all", help="comma-separated (mpi always included)")
+    b.add_argument("-i", "--stepbytes", default="", help="grow sizes by this many bytes instead of -f")
+    b.add_argument("-C", "--collectives", default="all", help="comma-separated, default all")
+    b.add_argument("-A", "--algorithms", default="all", help="comma-separated (mpi always included)")
+    b.add_argument("-a", "--average", type=int, default=1, choices=[0, 1, 2, 3],
+                   help="time column over ranks: 0 rank 0, 1 average (default), 2 min, 3 max")
+    b.add_argument("-J", "--json", default="", help="also write every row to this JSON file")
     b.add_argument("-d", "--dtype", default="float32")
     b.add_argument("-o", "--op", default="sum")
     b.add_argument("-r", "--root", type=int, default=0)
     b.add_argument("-n", "--iters", type=int, default=0, help="iterations per size (default OSU-like by size)")
     b.add_argument("-w", "--warmup", type=int, default=None)
     b.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per size (median kept)")
-    b.add_argument("--check", type=int, default=1, help="count #wrong against exact inputs (default 1)")
+    b.add_argument("-c", "--check", type=int, default=1, help="count #wrong against exact inputs (default 1)")
     b.add_argument("--out", default="", help="folder for report.md, bench.json, bench.csv, plots")
     b.add_argument("--no-save-profile", action="store_true", help="do not save the fitted profile for auto")
     b.add_argument("--no-progress", action="store_true")

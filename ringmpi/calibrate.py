@@ -122,7 +122,7 @@ def add_parser(sub) -> None:
     c.add_argument("-b", "--minbytes", default="1K")
     c.add_argument("-e", "--maxbytes", default="4M")
     c.add_argument("-f", "--stepfactor", type=float, default=4)
-    c.add_argument("-c", "--collectives", default="all")
+    c.add_argument("-C", "--collectives", default="all")
     c.add_argument("-d", "--dtype", default="float32")
     c.add_argument("--out", default="", help="also write the benchmark report here")
     c.set_defaults(func=_run)
@@ -132,4 +132,5 @@ def _run(ns) -> int:
     from .bench import run
     ns.algorithms, ns.op, ns.root, ns.iters, ns.warmup, ns.rounds = "all", "sum", 0, 0, None, 3
     ns.check, ns.no_save_profile, ns.no_progress, ns.quiet, ns.p2p = 1, False, False, True, True
+    ns.average, ns.json, ns.stepbytes = 1, "", ""
     return run(ns)

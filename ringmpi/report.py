@@ -124,6 +124,11 @@ def write_report(out: Path, info: dict, rows: list[dict], auto_rows: list[dict],
         md += ["", f"#wrong over all rows: {wrong}. `mpi` is the MPI library's own collective called "
                "directly; `auto / fastest` compares auto with the fastest candidate called through "
                "ringmpi's API (the same per-call overhead), timed side by side after the fit.", ""]
+    from .bench import best_bands
+    md += ["## Fastest algorithm by size band", ""]
+    for coll, bands in best_bands(rows).items():
+        md.append(f"- {coll}: " + "; ".join(f"{lo if lo == hi else lo + '-' + hi}: **{alg}**" for lo, hi, alg in bands))
+    md.append("")
     if pics:
         md += ["## Plots", ""]
         captions = {"busbw.png": "Bus bandwidth per algorithm; the thick dashed line is the MPI library's own.",

@@ -71,7 +71,7 @@ def test_wrong_results_are_counted_and_fail_the_run(shared_dir, monkeypatch, cap
             recvbuf[0] += 1
     monkeypatch.setitem(schedules._REGISTRY, ("allreduce", "ring"),
                         schedules.Algorithm("allreduce", "ring", broken, real.cost))
-    rc = main(["bench", *ARGS, "-c", "allreduce", "-a", "ring", "--no-save-profile", "--quiet"])
+    rc = main(["bench", *ARGS, "-C", "allreduce", "-A", "ring", "--no-save-profile", "--quiet"])
     assert COMM.allgather(rc) == [1] * P
     if R == 0:
         assert "# Out of bounds values : 6 FAILED" in capsys.readouterr().out  # 3 sizes x 2 placements
@@ -79,7 +79,7 @@ def test_wrong_results_are_counted_and_fail_the_run(shared_dir, monkeypatch, cap
 
 def test_calibrate_saves_profile_that_auto_loads(shared_dir, monkeypatch):
     monkeypatch.setenv("RINGMPI_PROFILE", str(shared_dir))
-    rc = main(["calibrate", "-b", "1K", "-e", "64K", "-f", "8", "-c", "allreduce,broadcast"])
+    rc = main(["calibrate", "-b", "1K", "-e", "64K", "-f", "8", "-C", "allreduce,broadcast"])
     assert rc == 0
     path = shared_dir / f"profile-p{P}.json"
     if R == 0:
@@ -93,3 +93,15 @@ def test_calibrate_saves_profile_that_auto_loads(shared_dir, monkeypatch):
     x = np.ones(1000, np.float32)
     from ringmpi import allreduce
     assert np.all(allreduce(x) == P)
+
+
+def test_average_mode_json_and_bands(shared_dir, capsys):
+    """-a picks the time column like nccl-tests (3 = max over ranks); -J writes the rows."""
+    path = shared_dir / "rows.json"
+    rc = main(["bench", *ARGS, "-C", "allreduce", "-A", "ring", "-a", "3", "-J", str(path),
+               "--no-save-profile"])
+    assert rc == 0
+    if R == 0:
+        rows = json.loads(path.read_text())["rows"]
+        assert rows and all(r["time_us"] == r["time_max_us"] >= r["time_avg_us"] >= r["time_min_us"] for r in rows)
+        assert "# fastest by size band, allreduce: " in capsys.readouterr().out
