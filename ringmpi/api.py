@@ -164,7 +164,7 @@ def allreduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any
     if not inplace:
         e.no_partial_overlap(send, recv)
     alg = e.algorithm("allreduce", algorithm, send.size, send.itemsize)
-    e.agree(alg, send.size, send.dtype.name, opn)
+    e.agree(alg, send.size, send.dtype, opn)
     e.run(alg, recv if inplace else send, recv, opn)
     return _result(recvbuf, recv, sendbuf.shape)
 
@@ -190,7 +190,7 @@ def reduce_scatter(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op
         recv = e.recv(recvbuf, send, c[r])
         e.no_partial_overlap(send, recv)
     alg = e.algorithm("reduce_scatter", algorithm, send.size, send.itemsize)
-    e.agree(alg, send.size, send.dtype.name, opn, tuple(c))
+    e.agree(alg, send.size, send.dtype, opn, tuple(c))
     e.run(alg, send, recv, opn, c)
     return _result(recvbuf, recv)
 
@@ -227,7 +227,7 @@ def allgather(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, comm: A
         recv, send = e.recv(recvbuf, buf, off[-1]), buf
         e.no_partial_overlap(send, recv)
     alg = e.algorithm("allgather", algorithm, off[-1], buf.itemsize)
-    e.agree(alg, buf.dtype.name, tuple(c))
+    e.agree(alg, buf.dtype, tuple(c))
     e.run(alg, send, recv, c)
     return _result(recvbuf, recv)
 
@@ -246,7 +246,7 @@ def broadcast(buf: np.ndarray, root: int = 0, *, comm: Any = None, algorithm: st
                                  or segments < 1):
         e.fail(f"segments must be a positive integer or None, got {segments!r}")
     alg = e.algorithm("broadcast", algorithm, flat.size, flat.itemsize)
-    e.agree(alg, flat.size, flat.dtype.name, root, segments)
+    e.agree(alg, flat.size, flat.dtype, root, segments)
     if segments is None and alg.name == "pipeline":
         segments = default_segments(e.t.size, flat.size, flat.itemsize, e.t)
     e.run(alg, flat, root, int(segments or 1))
@@ -268,7 +268,7 @@ def reduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, root: int = 0
         if not inplace:
             e.no_partial_overlap(send, recv)
     alg = e.algorithm("reduce", algorithm, send.size, send.itemsize)
-    e.agree(alg, send.size, send.dtype.name, opn, root)
+    e.agree(alg, send.size, send.dtype, opn, root)
     e.run(alg, send, recv, opn, root)
     return _result(recvbuf, recv, sendbuf.shape) if at_root else None
 

@@ -1,0 +1,115 @@
+"""Write benchmarks/README.md's measured sections from benchmarks/results/*/bench.json.
+
+python benchmarks/summarize.py > /tmp/summary.md   (the numbers are never copied by hand)
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+RES = Path(__file__).parent / "results"
+
+
+def lab(n: int) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} B"
+
+
+def load(name: str) -> dict:
+    return json.loads((RES / name / "bench.json").read_text())
+
+
+def rows_of(d: dict, coll: str) -> list[dict]:
+    place = "in" if coll == "broadcast" else "out"
+    return [r for r in d["rows"] if r["collective"] == coll and r["placement"] == place]
+
+
+def at(d: dict, coll: str, size: int) -> dict:
+    return {r["algorithm"]: r for r in rows_of(d, coll) if r["size"] == size}
+
+
+def autos(d: dict, coll: str) -> list[dict]:
+    return [a for a in d["auto"] if a["collective"] == coll]
+
+
+def profile_line(d: dict) -> str:
+    p = d["profile"]
+    fit = p["meta"]["fit"]
+    return (f"alpha {p['alpha'] * 1e6:.3g} us, bandwidth {1 / p['beta'] / 1e9:.3g} GB/s, reduction "
+            f"{1 / p['gamma'] / 1e9 if p['gamma'] else float('inf'):.3g} GB/s, per-call overhead "
+            f"{p['overhead'] * 1e6:.3g} us; median error of the formulas over the {fit['n']} points "
+            f"{fit['median_rel_err']:.0%}")
+
+
+def allreduce_table(d: dict) -> list[str]:
+    out = ["| size | MPI_Allreduce (us) | ring (us) | ring / MPI | rabenseifner / MPI | fastest | auto chose | auto / fastest |",
+           "|---|---|---|---|---|---|---|---|"]
+    for a in autos(d, "allreduce"):
+        h = at(d, "allreduce", a["size"])
+        out.append(f"| {lab(a['size'])} | {h['mpi']['time_us']:.1f} | {h['ring']['time_us']:.1f} | "
+                   f"{h['ring']['ratio_mpi']:.2f} | {h['rabenseifner']['ratio_mpi']:.2f} | {a['best']} | "
+                   f"{a['chose']} | {a['auto_over_best']:.2f} |")
+    return out
+
+
+def collective_summary(d: dict, p: int) -> list[str]:
+    out = []
+    for coll in dict.fromkeys(r["collective"] for r in d["rows"]):
+        big = sorted({r["size"] for r in rows_of(d, coll)})[-2:]
+        cells = []
+        for s in big:
+            h = at(d, coll, s)
+            best = min(h, key=lambda k: h[k]["time_us"])
+            cells.append(f"{lab(s)}: {best}" + (f" {h[best]['ratio_mpi']:.2f}x" if best != "mpi" else ""))
+        au = autos(d, coll)
+        worst = max(au, key=lambda a: a["auto_over_best"])
+        hits = sum(a["chose"] == a["best"] for a in au)
+        out.append(f"| {coll}, {p} | {'; '.join(cells)} | {worst['auto_over_best']:.2f} ({lab(worst['size'])}) | "
+                   f"{hits} of {len(au)} |")
+    return out
+
+
+def main() -> int:
+    w = sys.stdout.write
+    d = load("p2-allreduce")
+    ratios = {a["size"]: at(d, "allreduce", a["size"])["ring"]["ratio_mpi"] for a in autos(d, "allreduce")}
+    big = [s for s in ratios if s >= 4 << 20]
+    w(f"## All-reduce on 2 ranks, {lab(min(ratios))} to {lab(max(ratios))} (`results/p2-allreduce`)\n\n")
+    w("\n".join(allreduce_table(d)) + "\n\n")
+    au = autos(d, "allreduce")
+    w(f"- ring / MPI_Allreduce from 4 MiB up: " + ", ".join(f"{ratios[s]:.2f} at {lab(s)}" for s in sorted(big)) + ".\n")
+    w(f"- auto within {max(a['auto_over_best'] for a in au):.2f}x of the fastest candidate at all {len(au)} sizes; "
+      f"it picked the fastest at {sum(a['chose'] == a['best'] for a in au)}.\n")
+    w(f"- Fitted profile: {profile_line(d)}.\n\n")
+    w("## Every collective, 2 ranks (`results/p2-all`) and 4 ranks (`results/p4-all`)\n\n")
+    w("| collective, ranks | fastest at the two largest sizes (x MPI's own) | auto / fastest, worst size | auto picked the fastest |\n")
+    w("|---|---|---|---|\n")
+    for name, p in (("p2-all", 2), ("p4-all", 4)):
+        w("\n".join(collective_summary(load(name), p)) + "\n")
+    w(f"\nFitted profiles: 2 ranks {profile_line(load('p2-all'))}; 4 ranks {profile_line(load('p4-all'))}.\n")
+    if (RES / "multihost-p4" / "bench.json").exists():
+        m = load("multihost-p4")
+        w("\n## Four hosts over TCP on one machine (`results/multihost-p4`)\n\n")
+        w(f"Hosts {', '.join(m['banner']['hosts'])}, one rank each.\n\n")
+        w("| size | MPI_Allreduce (us) | ring / MPI | rabenseifner / MPI | MPI_Bcast (us) | pipeline / MPI | tree / MPI |\n")
+        w("|---|---|---|---|---|---|---|\n")
+        for s in sorted({r["size"] for r in rows_of(m, "allreduce")}):
+            if s < 64 << 10:
+                continue
+            a, b = at(m, "allreduce", s), at(m, "broadcast", s)
+            w(f"| {lab(s)} | {a['mpi']['time_us']:.0f} | {a['ring']['ratio_mpi']:.2f} | {a['rabenseifner']['ratio_mpi']:.2f} | "
+              f"{b['mpi']['time_us']:.0f} | {b['pipeline']['ratio_mpi']:.2f} | {b['tree']['ratio_mpi']:.2f} |\n")
+        aus = autos(m, "allreduce") + autos(m, "broadcast")
+        w(f"\n#wrong {sum(r['wrong'] for r in m['rows'])}; auto within {max(a['auto_over_best'] for a in aus):.2f}x of "
+          f"the fastest at every size of both collectives (the fastest at {sum(a['chose'] == a['best'] for a in aus)} "
+          f"of {len(aus)}). Fitted profile over TCP: {profile_line(m)}.\n")
+    wrong = sum(r["wrong"] for n in ("p2-allreduce", "p2-all", "p4-all") for r in load(n)["rows"])
+    w(f"\n#wrong over every row of the three laptop runs: {wrong}.\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
