@@ -80,7 +80,7 @@ def main() -> int:
     w(f"## All-reduce on 2 ranks, {lab(min(ratios))} to {lab(max(ratios))} (`results/p2-allreduce`)\n\n")
     w("\n".join(allreduce_table(d)) + "\n\n")
     au = autos(d, "allreduce")
-    w(f"- ring / MPI_Allreduce from 4 MiB up: " + ", ".join(f"{ratios[s]:.2f} at {lab(s)}" for s in sorted(big)) + ".\n")
+    w("- ring / MPI_Allreduce from 4 MiB up: " + ", ".join(f"{ratios[s]:.2f} at {lab(s)}" for s in sorted(big)) + ".\n")
     w(f"- auto within {max(a['auto_over_best'] for a in au):.2f}x of the fastest candidate at all {len(au)} sizes; "
       f"it picked the fastest at {sum(a['chose'] == a['best'] for a in au)}.\n")
     w(f"- Fitted profile: {profile_line(d)}.\n\n")

@@ -22,8 +22,8 @@ broadcast and reduce. #wrong counts elements that differ from the exact expected
 """
 from __future__ import annotations
 
-import csv
 import datetime as _dt
+import functools
 import json
 import os
 import platform
@@ -90,7 +90,6 @@ class Case:
     """Buffers, expected result and one call of (collective, size) on this rank."""
 
     def __init__(self, coll: str, nbytes: int, dtype: np.dtype, op: str, root: int, t) -> None:
-        from .ops import OPS
         self.coll, self.dtype, self.op, self.root, self.t = coll, dtype, op, root, t
         p, r = t.size, t.rank
         item = dtype.itemsize
@@ -98,28 +97,38 @@ class Case:
         self.count = max(nbytes // item // (p if spec.per_rank_count else 1), 0)
         full = self.count * (p if spec.per_rank_count else 1)
         self.size = full * item
+        self.full = full
         if coll == "allgather":
             self.inputs = exact_input(r, p, self.count, dtype, op)
-            self.expected = np.concatenate([exact_input(q, p, self.count, dtype, op) for q in range(p)])
         elif coll == "broadcast":
             self.inputs = exact_input(root, p, full, dtype, op) if r == root else np.zeros(full, dtype)
-            self.expected = exact_input(root, p, full, dtype, op)
         else:
             self.inputs = exact_input(r, p, full, dtype, op)
-            acc = exact_input(0, p, full, dtype, op)
-            for q in range(1, p):
-                OPS[op](acc, exact_input(q, p, full, dtype, op), out=acc)
-            if coll == "reduce_scatter":
-                off = offsets(block_counts(full, p))
-                acc = acc[off[r]:off[r + 1]]
-            self.expected = acc
         self.send = self.inputs.copy()
-        self.recv = np.empty_like(self.expected) if coll != "broadcast" else self.send
+        out = full if coll != "reduce_scatter" else block_counts(full, p)[r]
+        self.recv = np.empty(out, dtype) if coll != "broadcast" else self.send
         self.inbuf = np.empty(full, dtype)
         self.reset_inplace()
 
+    @functools.cached_property
+    def expected(self) -> np.ndarray:
+        """The exact result on this rank, computed locally from every rank's inputs."""
+        from .ops import OPS
+        p, r, dt, op, full = self.t.size, self.t.rank, self.dtype, self.op, self.full
+        if self.coll == "allgather":
+            return np.concatenate([exact_input(q, p, self.count, dt, op) for q in range(p)])
+        if self.coll == "broadcast":
+            return exact_input(self.root, p, full, dt, op)
+        acc = exact_input(0, p, full, dt, op)
+        for q in range(1, p):
+            OPS[op](acc, exact_input(q, p, full, dt, op), out=acc)
+        if self.coll == "reduce_scatter":
+            off = offsets(block_counts(full, p))
+            acc = acc[off[r]:off[r + 1]]
+        return acc
+
     def reset_inplace(self) -> None:
-        p, r = self.t.size, self.t.rank
+        r = self.t.rank
         if self.coll == "allgather":
             self.inbuf[:] = 0
             self.inbuf[r * self.count:(r + 1) * self.count] = self.inputs
@@ -264,139 +273,164 @@ def _progress(total: int, enabled: bool):
     return prog
 
 
-def run(ns) -> int:
-    from .auto import choose, set_profile
-    from .calibrate import Sample, fit_profile, fit_quality
-    from .mpicomm import transport
-    t = transport()
-    p = t.size
-    dtype = np.dtype(ns.dtype)
-    op = ns.op.upper()
-    colls = [c.strip() for c in ns.collectives.split(",")] if ns.collectives != "all" else list(COLLS)
+def _sizes(ns) -> list[int]:
     sizes, s = [], parse_nccl_size(ns.minbytes)
-    step = parse_nccl_size(ns.stepbytes) if getattr(ns, "stepbytes", "") else 0
+    step = parse_nccl_size(ns.stepbytes) if ns.stepbytes else 0
     while s <= parse_nccl_size(ns.maxbytes):
         sizes.append(s)
         s = s + step if step else max(s + 1, int(s * ns.stepfactor))
-    info = banner(t)
-    root = ns.root % p
-    rows, samples, auto_rows = [], [], []
-    lead = t.rank == 0
-    if lead:
-        print(f"# ringmpi bench {__version__}: {p} ranks on {len(info['hosts'])} host(s) "
-              f"{','.join(info['hosts'])}, backend {info['backend']}, {info['date']}")
-        print(f"# {info['mpi_library']} (mpi4py {info['mpi4py']}, numpy {info['numpy']})")
-        busiest = max(info["ranks_per_host"].values())
-        if busiest > (info["cpus_per_host"] or busiest):
-            print(f"# note: {busiest} ranks share {info['cpus_per_host']} CPUs on one host (oversubscribed): "
-                  "waiting ranks spin, so per-call overheads are amplified; compare ratios, not absolute times")
-        print(f"# dtype {dtype.name}, op {op}, root {root}, sizes {sizes[0]}..{sizes[-1]} B x{ns.stepfactor:g}, "
-              f"{ns.rounds} interleaved rounds per size, median kept")
+    return sizes
+
+
+def _plan(ns, dtype: np.dtype, op: str) -> list[tuple[str, list[str]]]:
+    """(collective, algorithms) to run; MPI's own is always among them."""
+    colls = [c.strip() for c in ns.collectives.split(",")] if ns.collectives != "all" else list(COLLS)
     plan = []
     for coll in colls:
-        algs = [a for a in names(coll) if ns.algorithms == "all" or a in ns.algorithms.split(",") or a == "mpi"]
-        if SPECS[coll].reduces and (dtype.kind == "b" and op not in ("LAND", "LOR", "LXOR")):
+        if SPECS[coll].reduces and dtype.kind == "b" and op not in ("LAND", "LOR", "LXOR"):
             continue
-        plan.append((coll, algs))
-    prog = _progress(sum(len(sizes) for _ in plan), lead and not ns.no_progress)
-    quiet_fp = np.errstate(over="ignore", invalid="ignore")  # repeated in-place sums overflow: fine for timing
-    quiet_fp.__enter__()
+        plan.append((coll, [a for a in names(coll) if ns.algorithms == "all" or a == "mpi"
+                            or a in ns.algorithms.split(",")]))
+    return plan
+
+
+def _print_banner(info: dict, ns, dtype, op, root, sizes) -> None:
+    print(f"# ringmpi bench {__version__}: {info['ranks']} ranks on {len(info['hosts'])} host(s) "
+          f"{','.join(info['hosts'])}, backend {info['backend']}, {info['date']}")
+    print(f"# {info['mpi_library']} (mpi4py {info['mpi4py']}, numpy {info['numpy']})")
+    busiest = max(info["ranks_per_host"].values())
+    if busiest > (info["cpus_per_host"] or busiest):
+        print(f"# note: {busiest} ranks share {info['cpus_per_host']} CPUs on one host (oversubscribed): "
+              "waiting ranks spin, so per-call overheads are amplified; compare ratios, not absolute times")
+    print(f"# dtype {dtype.name}, op {op}, root {root}, sizes {sizes[0]}..{sizes[-1]} B x{ns.stepfactor:g}, "
+          f"{ns.rounds} interleaved rounds per size, median kept")
+
+
+def _sweep(t, ns, plan, sizes, dtype, op, root, prog):
+    """Time every (collective, size, algorithm, placement) side by side; check each once."""
+    from .calibrate import Sample
+    p = t.size
+    rows, samples = [], []
+    for coll, algs in plan:
+        spec = SPECS[coll]
+        for nbytes in sizes:
+            case = Case(coll, nbytes, dtype, op, root, t)
+            iters, warm = default_iters(case.size)
+            iters, warm = ns.iters or iters, ns.warmup if ns.warmup is not None else warm
+            places = [False, True] if spec.has_out_of_place else [True]
+            runners = {(a, ip): (lambda a=a, ip=ip: case.call(a, ip)) for a in algs for ip in places}
+            timing = time_interleaved(t, runners, iters, warm, ns.rounds)
+            for (a, ip), (tavg, tmin, tmax, t0) in timing.items():
+                tsel = (t0, tavg, tmin, tmax)[ns.average]
+                bad, sent = case.wrong(a, ip) if ns.check else (0, 0)
+                bad = sum(t.allgather_obj(bad))
+                sent = max(t.allgather_obj(sent))
+                algbw = case.size / tsel / 1e9 if tsel > 0 else 0.0
+                rows.append(dict(collective=coll, algorithm=a, placement="in" if ip else "out",
+                                 size=case.size, count=case.count, type=dtype.name,
+                                 redop=op if spec.reduces else "none",
+                                 root=root if coll in ("broadcast", "reduce") else -1,
+                                 time_us=tsel * 1e6, time_avg_us=tavg * 1e6, time_min_us=tmin * 1e6,
+                                 time_max_us=tmax * 1e6, time_rank0_us=t0 * 1e6,
+                                 algbw=algbw, busbw=algbw * spec.factor(p), wrong=bad,
+                                 sent_bytes=sent if a != "mpi" else None,
+                                 sent_busbw=(sent / tsel / 1e9) if a != "mpi" and tsel > 0 else None,
+                                 iters=iters))
+                if (not ip or not spec.has_out_of_place) and case.count:
+                    samples.append(Sample(coll, a, case.full, dtype.itemsize, tsel))
+            if prog:
+                prog.advance(prog.task_ids[0])
+    return rows, samples
+
+
+def _time_auto(t, ns, plan, sizes, dtype, op, root, rows) -> list[dict]:
+    """After the fit: auto beside the fastest candidate (both through ringmpi's API, the same
+    overhead, so the ratio measures the choice) and MPI's own (called directly)."""
+    from .auto import choose
+    out = []
+    for coll, _ in plan:
+        spec = SPECS[coll]
+        place = "out" if spec.has_out_of_place else "in"
+        for nbytes in sizes:
+            case = Case(coll, nbytes, dtype, op, root, t)
+            if not case.count:
+                continue
+            ip = place == "in"
+            best = min((r for r in rows if r["collective"] == coll and r["size"] == case.size
+                        and r["placement"] == place), key=lambda r: r["time_us"])["algorithm"]
+            chosen = choose(coll, t, case.full, dtype.itemsize)
+            runners = {"auto": lambda: case.call("auto", ip), "best": lambda: case.call_api(best, ip),
+                       "mpi": lambda: case.call("mpi", ip)}
+            iters, warm = default_iters(case.size)
+            tm = {k: v[0] for k, v in time_interleaved(t, runners, ns.iters or iters, warm, ns.rounds).items()}
+            out.append(dict(collective=coll, size=case.size, chose=chosen, best=best,
+                            auto_us=tm["auto"] * 1e6, best_us=tm["best"] * 1e6, mpi_us=tm["mpi"] * 1e6,
+                            auto_over_best=tm["auto"] / tm["best"], auto_over_mpi=tm["auto"] / tm["mpi"]))
+    return out
+
+
+def _finish(ns, info, rows, auto_rows, prof, p) -> None:
+    """Rank 0: table, footer, files, the saved profile."""
+    _attach_predictions(rows, prof, p)
+    if not ns.quiet:
+        print_table(rows, auto_rows, p)
+    for coll, bands in best_bands(rows).items():
+        print(f"# fastest by size band, {coll}: "
+              + "; ".join(f"{lo if lo == hi else lo + '-' + hi}: {alg}" for lo, hi, alg in bands))
+    wrong = sum(r["wrong"] for r in rows)
+    nonzero = [r["busbw"] for r in rows if r["size"]]
+    print(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+    print(f"# Avg bus bandwidth    : {sum(nonzero) / max(len(nonzero), 1):.4g} GB/s")
+    inv = lambda x: 1 / x / 1e9 if x else float("inf")  # noqa: E731  (s/byte -> GB/s)
+    print(f"# Fitted profile: alpha {prof.alpha * 1e6:.3g} us, B {inv(prof.beta):.3g} GB/s, "
+          f"gamma^-1 {inv(prof.gamma):.3g} GB/s, overhead {prof.overhead * 1e6:.3g} us "
+          f"(median fit error {prof.meta['fit']['median_rel_err'] or 0:.0%})")
+    if ns.json:
+        Path(ns.json).write_text(json.dumps({"banner": info, "rows": rows, "auto": auto_rows}, indent=1))
+        print(f"# JSON: {ns.json}")
+    if ns.out:
+        from .report import write_report
+        print(f"# Report: {write_report(Path(ns.out), info, rows, auto_rows, prof, p, vars(ns))}")
+    if not ns.no_save_profile:
+        from .auto import profile_path
+        dest = profile_path(p)
+        try:
+            prof.save(dest)
+            print(f"# Profile for auto saved to {dest}")
+        except OSError as e:
+            print(f"# could not save the profile to {dest}: {e}")
+
+
+def run(ns) -> int:
+    from .auto import set_profile
+    from .calibrate import fit_profile, fit_quality
+    from .mpicomm import transport
+    t = transport()
+    p, lead = t.size, t.rank == 0
+    dtype, op, root = np.dtype(ns.dtype), ns.op.upper(), ns.root % t.size
+    sizes, plan, info = _sizes(ns), _plan(ns, dtype, op), banner(t)
+    if lead:
+        _print_banner(info, ns, dtype, op, root, sizes)
+    prog = _progress(len(plan) * len(sizes), lead and not ns.no_progress)
     try:
-        for coll, algs in plan:
-            spec = SPECS[coll]
-            for nbytes in sizes:
-                case = Case(coll, nbytes, dtype, op, root, t)
-                iters, warm = default_iters(case.size)
-                iters, warm = ns.iters or iters, ns.warmup if ns.warmup is not None else warm
-                places = [False, True] if spec.has_out_of_place else [True]
-                runners = {(a, ip): (lambda a=a, ip=ip: case.call(a, ip)) for a in algs for ip in places}
-                timing = time_interleaved(t, runners, iters, warm, ns.rounds)
-                for (a, ip), (tavg, tmin, tmax, t0) in timing.items():
-                    tsel = (t0, tavg, tmin, tmax)[getattr(ns, "average", 1)]
-                    bad, sent = case.wrong(a, ip) if ns.check else (0, 0)
-                    bad = sum(t.allgather_obj(bad))
-                    sent = max(t.allgather_obj(sent))
-                    algbw = case.size / tsel / 1e9 if tsel > 0 else 0.0
-                    rows.append(dict(collective=coll, algorithm=a, placement="in" if ip else "out",
-                                     size=case.size, count=case.count, type=dtype.name,
-                                     redop=op if spec.reduces else "none", root=root if coll in ("broadcast", "reduce") else -1,
-                                     time_us=tsel * 1e6, time_avg_us=tavg * 1e6, time_min_us=tmin * 1e6,
-                                     time_max_us=tmax * 1e6, time_rank0_us=t0 * 1e6,
-                                     algbw=algbw, busbw=algbw * spec.factor(p), wrong=bad,
-                                     sent_bytes=sent if a != "mpi" else None,
-                                     sent_busbw=(sent / tsel / 1e9) if a != "mpi" and tsel > 0 else None,
-                                     iters=iters))
-                    if (not ip or not spec.has_out_of_place) and case.count:
-                        samples.append(Sample(coll, a, case.count * (p if spec.per_rank_count else 1),
-                                              dtype.itemsize, tsel))
-                if prog:
-                    prog.advance(prog.task_ids[0])
-        if ns.p2p:
-            from .calibrate import measure_p2p
-            samples += measure_p2p(t, sizes)
-        # fit once on rank 0, broadcast: every rank must hold the same profile for auto
-        prof = None
-        if lead:
-            prof = fit_profile(samples, p, name=f"fitted by ringmpi bench on {info['date']}", meta=info)
-            prof.meta["fit"] = fit_quality(samples, prof, p)
-        prof = t.bcast_obj(prof, 0)
-        set_profile(t, prof)
-        for coll, algs in plan:
-            spec = SPECS[coll]
-            for nbytes in sizes:
-                case = Case(coll, nbytes, dtype, op, root, t)
-                if not case.count:
-                    continue
-                ip = not spec.has_out_of_place
-                measured = [r for r in rows if r["collective"] == coll and r["size"] == case.size
-                            and r["placement"] == ("in" if ip else "out")]
-                best = min(measured, key=lambda r: r["time_us"])["algorithm"]
-                n_all = case.count * (p if spec.per_rank_count else 1)
-                chosen = choose(coll, t, n_all, dtype.itemsize)
-                # auto and the fastest candidate both go through ringmpi's API (same overhead),
-                # so their ratio measures the choice; MPI's own is called directly as the reference
-                runners = {"auto": lambda: case.call("auto", ip), "best": lambda: case.call_api(best, ip),
-                           "mpi": lambda: case.call("mpi", ip)}
-                iters, warm = default_iters(case.size)
-                timing = time_interleaved(t, runners, ns.iters or iters, warm, ns.rounds)
-                auto_rows.append(dict(collective=coll, size=case.size, chose=chosen, best=best,
-                                      auto_us=timing["auto"][0] * 1e6, best_us=timing["best"][0] * 1e6,
-                                      mpi_us=timing["mpi"][0] * 1e6,
-                                      auto_over_best=timing["auto"][0] / timing["best"][0],
-                                      auto_over_mpi=timing["auto"][0] / timing["mpi"][0]))
+        with np.errstate(over="ignore", invalid="ignore"):  # repeated in-place sums overflow
+            rows, samples = _sweep(t, ns, plan, sizes, dtype, op, root, prog)
+            if ns.p2p:
+                from .calibrate import measure_p2p
+                samples += measure_p2p(t, sizes)
+            prof = None
+            if lead:  # fit once, broadcast: every rank must hold the same profile for auto
+                prof = fit_profile(samples, p, name=f"fitted by ringmpi bench on {info['date']}", meta=info)
+                prof.meta["fit"] = fit_quality(samples, prof, p)
+            prof = t.bcast_obj(prof, 0)
+            set_profile(t, prof)
+            auto_rows = _time_auto(t, ns, plan, sizes, dtype, op, root, rows)
     finally:
-        quiet_fp.__exit__(None, None, None)
         if prog:
             prog.stop()
-    wrong = sum(r["wrong"] for r in rows)
     if lead:
-        _attach_predictions(rows, prof, p)
-        if not ns.quiet:
-            print_table(rows, auto_rows, p)
-        nonzero = [r["busbw"] for r in rows if r["size"]]
-        for coll, bands in best_bands(rows).items():
-            print(f"# fastest by size band, {coll}: " + "; ".join(f"{lo if lo == hi else lo + '-' + hi}: {alg}" for lo, hi, alg in bands))
-        print(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
-        print(f"# Avg bus bandwidth    : {sum(nonzero) / max(len(nonzero), 1):.4g} GB/s")
-        print(f"# Fitted profile: alpha {prof.alpha * 1e6:.3g} us, B {1 / prof.beta / 1e9 if prof.beta else float('inf'):.3g} GB/s, "
-              f"gamma^-1 {1 / prof.gamma / 1e9 if prof.gamma else float('inf'):.3g} GB/s, overhead {prof.overhead * 1e6:.3g} us "
-              f"(median fit error {prof.meta['fit']['median_rel_err'] or 0:.0%})")
-        if getattr(ns, "json", ""):
-            Path(ns.json).write_text(json.dumps({"banner": info, "rows": rows, "auto": auto_rows}, indent=1))
-            print(f"# JSON: {ns.json}")
-        if ns.out:
-            from .report import write_report
-            path = write_report(Path(ns.out), info, rows, auto_rows, prof, p, vars(ns))
-            print(f"# Report: {path}")
-        if not ns.no_save_profile:
-            from .auto import profile_path
-            dest = profile_path(p)
-            try:
-                prof.save(dest)
-                print(f"# Profile for auto saved to {dest}")
-            except OSError as e:
-                print(f"# could not save the profile to {dest}: {e}")
-    return 1 if wrong else 0
+        _finish(ns, info, rows, auto_rows, prof, p)
+    return 1 if sum(r["wrong"] for r in rows) else 0
 
 
 def _size_label(n: int) -> str:

@@ -5,7 +5,6 @@ import csv
 import json
 from pathlib import Path
 
-import numpy as np
 
 __all__ = ["write_report", "plot"]
 

@@ -46,7 +46,7 @@ class DataParallel:
         self.params: dict[str, np.ndarray] = model.params
         from ..mpicomm import transport
         self.t = transport(comm)
-        for name, p in self.params.items():  # every replica starts from rank 0's parameters
+        for p in self.params.values():  # every replica starts from rank 0's parameters
             api.broadcast(p, 0, comm=comm, algorithm="auto")
         self.buckets = self._make_buckets(bucket_cap_mb * 1e6, first_bucket_mb * 1e6)
         self.allreduce_calls = 0

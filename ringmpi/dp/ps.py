@@ -72,7 +72,7 @@ def async_sgd_study(taus=(0, 1, 2, 4, 8, 16, 32), lrs=(0.1, 1.0, 8.0), workers: 
             history = [{k: v.copy() for k, v in model.params.items()}]
             rng = np.random.default_rng(seed + 1)
             diverged = False
-            for k in range(computations):
+            for _ in range(computations):
                 stale = history[max(0, len(history) - 1 - tau)]
                 live = model.params
                 model.params = stale

@@ -119,7 +119,6 @@ def _run(ns) -> int:
     sizes = tuple(int(v) for v in ns.sizes.split(","))
     task = make_task(ns.model, dtype, ns.seed, sizes, ns.samples)
     kw = dict(optimizer=ns.optimizer, lr=ns.lr, momentum=ns.momentum, seed=ns.seed)
-    prog = None
     if r == 0 and not ns.quiet:
         print(f"# ringmpi train: {ns.model}, {p} ranks, global batch {ns.batch}, {ns.steps} steps, "
               f"{dtype.name}, all-reduce algorithm {ns.algorithm}")

@@ -13,7 +13,7 @@ from ringmpi.calibrate import Sample, fit_profile, fit_quality, nnls
 from ringmpi.cli import parse_rate, parse_size, parse_time
 from ringmpi.cost import Profile, cost
 from ringmpi.ops import OPS
-from ringmpi.schedules import get, names
+from ringmpi.schedules import names
 
 
 def synthetic(prof: Profile, p: int):
