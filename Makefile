@@ -11,7 +11,7 @@ V       := $(VENV)/bin
 LAUNCH  := $(V)/python -m ringmpi.launch
 OUT     ?= results
 
-.PHONY: setup bench test test-unit test-mpi test-mpich demo clean
+.PHONY: setup bench test lint test-unit test-mpi test-mpich demo clean
 all: test
 
 $(V)/.stamp-$(MPI): setup.cfg pyproject.toml
@@ -35,7 +35,11 @@ bench: setup
 demo: setup
 	$(LAUNCH) -n $(NP) --timeout 300 -- $(V)/python -m ringmpi demo
 
-test: test-unit test-mpi test-mpich
+test: lint test-unit test-mpi test-mpich
+
+# pyflakes-level checks and likely bugs (unused names, undefined names, mutable defaults ...)
+lint: setup
+	$(V)/ruff check --select F,E9,B --ignore B905,B023,B008 --line-length 120 ringmpi tests benchmarks
 
 # The same MPI tests on a second MPI implementation (the MPICH wheel, its own venv).
 test-mpich:
