@@ -51,7 +51,8 @@ def normalize_op(op: Any) -> str:
 
 
 def library_version() -> str:
-    return MPI.Get_library_version().strip().splitlines()[0]
+    # Open MPI's string ends in a NUL byte, which would make reports binary files
+    return MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0]
 
 
 def world() -> "MPI.Intracomm":

@@ -56,8 +56,9 @@ def test_bench_report(shared_dir, capsys):
             assert r["busbw"] == pytest.approx(r["algbw"] * 2 * (P - 1) / P)
             assert r["ratio_mpi"] > 0
         assert len(data["auto"]) == len(schedules.COLLECTIVES) * 3
-        for f in ("report.md", "bench.csv", "profile.json"):
-            assert (shared_dir / "r" / f).stat().st_size > 0
+        for f in ("report.md", "bench.csv", "profile.json", "bench.json"):
+            data_bytes = (shared_dir / "r" / f).read_bytes()
+            assert data_bytes and b"\x00" not in data_bytes and b"\\u0000" not in data_bytes, f  # text, not binary
         assert "busbw.png" in (shared_dir / "r" / "report.md").read_text()
 
 
