@@ -107,10 +107,7 @@ class _Edge:
         """With RINGMPI_CHECK=1 (like TORCH_DISTRIBUTED_DEBUG=DETAIL), every rank compares the
         call's fingerprint with the others' first, and all raise together on a mismatch,
         instead of hanging or silently mixing buffers of different lengths."""
-        flag = _auto.ENV.get("check")
-        if flag is None:
-            _auto.reload_env()
-            flag = _auto.ENV["check"]
+        flag = _auto.env("check")
         if flag in ("", "0") or self.t.size == 1:
             return
         mine = (self.call, alg.name) + fields
@@ -124,11 +121,8 @@ class _Edge:
 
     def run(self, alg: _alg.Algorithm, *args) -> None:
         """Run the schedule under the stall inspector (a warning, not a silent hang)."""
-        _stall.enter(f"{self.call}/{alg.name}", self.t)
-        try:
+        with _stall.watch(f"{self.call}/{alg.name}", self.t):
             alg.run(self.t, *args)
-        finally:
-            _stall.leave()
 
     def algorithm(self, collective: str, algorithm: str, count: int, itemsize: int, **kw) -> _alg.Algorithm:
         if not isinstance(algorithm, str):
@@ -285,11 +279,8 @@ def shift(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, offset: int
         e.fail("shift cannot run in place; pass a separate recvbuf")
     e.no_partial_overlap(send, recv)
     p, r = e.t.size, e.t.rank
-    _stall.enter("shift", e.t)
-    try:
+    with _stall.watch("shift", e.t):
         e.t.sendrecv(send, (r + offset) % p, recv, (r - offset) % p)
-    finally:
-        _stall.leave()
     return _result(recvbuf, recv, sendbuf.shape)
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from . import schedules as _alg
 from .cost import Profile, best_segments
 
-__all__ = ["DEFAULT", "choose", "reload_env", "predict_time", "active_profile", "set_profile",
+__all__ = ["DEFAULT", "choose", "env", "reload_env", "predict_time", "active_profile", "set_profile",
            "default_segments", "profile_path", "LAST"]
 
 #: Used until `ringmpi calibrate` or `ringmpi bench` has measured this machine.
@@ -107,13 +107,21 @@ def predict_time(collective: str, algorithm: str, p: int, count: int, itemsize: 
 ENV: dict = {}
 
 
-def reload_env() -> tuple[str, str]:
-    """Read RINGMPI_ALGO and RINGMPI_DEBUG again (they are read once, at the first auto
-    call, like NCCL's variables; call this after changing them in a running program)."""
+def reload_env() -> None:
+    """Read RINGMPI_ALGO, RINGMPI_DEBUG and RINGMPI_CHECK again (they are read once, at the
+    first call, like NCCL's variables; call this after changing them in a running program)."""
     ENV["algo"] = os.environ.get("RINGMPI_ALGO", "")
     ENV["debug"] = os.environ.get("RINGMPI_DEBUG", "")
     ENV["check"] = os.environ.get("RINGMPI_CHECK", "")
-    return ENV["algo"], ENV["debug"]
+
+
+def env(key: str) -> str:
+    """One of the variables above ('algo', 'debug', 'check'), read on first use."""
+    value = ENV.get(key)
+    if value is None:
+        reload_env()
+        value = ENV[key]
+    return value
 
 
 def _forced(collective: str, spec: str) -> str | None:
@@ -129,9 +137,7 @@ def _forced(collective: str, spec: str) -> str | None:
 
 def choose(collective: str, t, count: int, itemsize: int, **params) -> str:
     """The algorithm `auto` runs for this call (identical on every rank)."""
-    spec, debug = ENV.get("algo"), ENV.get("debug")
-    if spec is None:
-        spec, debug = reload_env()
+    spec, debug = env("algo"), env("debug")
     prof = getattr(t, "_ringmpi_profile", None) or active_profile(t)
     key = (collective, t.size, count, itemsize, spec, tuple(sorted(params.items())) if params else ())
     hit = _CACHE.get(key)

@@ -160,37 +160,32 @@ class Case:
         return api.reduce(self.send, self.recv if self.t.rank == self.root else None, self.root, op=self.op, **kw)
 
     def call_mpi(self, inplace: bool) -> np.ndarray | None:
-        """The MPI library's own collective, called straight through the transport: the
-        reference carries none of ringmpi's argument checking."""
-        t, p, r = self.t, self.t.size, self.t.rank
+        """The MPI library's own collective through its registered body (schedules/native.py),
+        skipping ringmpi's argument checks: the reference carries none of the API's overhead."""
+        args, result = self._body_args(inplace)
+        get(self.coll, "mpi").run(self.t, *args)
+        return result
+
+    def _body_args(self, inplace: bool) -> tuple[tuple, np.ndarray | None]:
+        """(the flat arguments the API would hand a schedule body, the result buffer)."""
+        p, r, op, root = self.t.size, self.t.rank, self.op, self.root
+        src = self.inbuf if inplace else self.send
         if self.coll == "allreduce":
-            buf = self.inbuf if inplace else self.recv
-            t.native_allreduce(self.inbuf if inplace else self.send, buf, self.op)
-            return buf
+            out = self.inbuf if inplace else self.recv
+            return (src, out, op), out
         if self.coll == "reduce_scatter":
             counts = block_counts(self.inbuf.size, p)
-            if inplace:
-                off = offsets(counts)
-                out = self.inbuf[off[r]:off[r + 1]]
-                t.native_reduce_scatter(self.inbuf, out, counts, self.op)
-                return out
-            t.native_reduce_scatter(self.send, self.recv, counts, self.op)
-            return self.recv
+            off = offsets(counts)
+            out = self.inbuf[off[r]:off[r + 1]] if inplace else self.recv
+            return (src, out, op, counts), out
         if self.coll == "allgather":
-            counts = [self.count] * p
-            if inplace:
-                t.native_allgather(self.inbuf[r * self.count:(r + 1) * self.count], self.inbuf, counts)
-                return self.inbuf
-            t.native_allgather(self.send, self.recv, counts)
-            return self.recv
+            mine = self.inbuf[r * self.count:(r + 1) * self.count] if inplace else self.send
+            out = self.inbuf if inplace else self.recv
+            return (mine, out, [self.count] * p), out
         if self.coll == "broadcast":
-            t.native_broadcast(self.inbuf, self.root)
-            return self.inbuf
-        if inplace:
-            t.native_reduce(self.inbuf, self.inbuf, self.op, self.root)
-            return self.inbuf if r == self.root else None
-        t.native_reduce(self.send, self.recv if r == self.root else None, self.op, self.root)
-        return self.recv if r == self.root else None
+            return (self.inbuf, root, 1), self.inbuf
+        out = (self.inbuf if inplace else self.recv) if r == root else None
+        return (src, out, op, root), out
 
     def wrong(self, algorithm: str, inplace: bool) -> tuple[int, int]:
         """(#wrong on this rank, bytes this rank sent) for one checked call on fresh inputs."""

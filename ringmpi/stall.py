@@ -9,12 +9,14 @@ the collective (inside an `if`) or called another one.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import time
+from typing import Iterator
 
-__all__ = ["enter", "leave", "settings"]
+__all__ = ["watch", "enter", "leave", "settings"]
 
 _STATE: dict = {"call": None}
 _THREAD: list = []
@@ -46,6 +48,16 @@ def _watch(warn: float, abort: float, period: float) -> None:
             sys.stderr.write(f"{where} (RINGMPI_STALL_WARN={warn:g}). Did every rank call it with "
                              "the same arguments? RINGMPI_CHECK=1 compares them.\n")
             sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def watch(name: str, t) -> Iterator[None]:
+    """The inspector watches the block: a call still inside it after the limits is reported."""
+    enter(name, t)
+    try:
+        yield
+    finally:
+        leave()
 
 
 def enter(name: str, t) -> None:
