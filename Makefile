@@ -39,7 +39,7 @@ test: lint test-unit test-mpi test-mpich
 
 # pyflakes-level checks and likely bugs (unused names, undefined names, mutable defaults ...)
 lint: setup
-	$(V)/ruff check --select F,E9,B --ignore B905,B023,B008 --line-length 120 ringmpi tests benchmarks
+	$(V)/ruff check ringmpi tests benchmarks
 
 # The same MPI tests on a second MPI implementation (the MPICH wheel, its own venv).
 test-mpich:

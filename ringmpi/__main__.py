@@ -1,3 +1,6 @@
-from .cli import main
+"""`python -m ringmpi ...` is the `ringmpi` command (`ringmpi.tools.cli`)."""
+import sys
 
-raise SystemExit(main())
+from .tools.cli import main
+
+sys.exit(main())

@@ -1,32 +1,45 @@
-"""The public collectives: validation at the edge, then one registered algorithm body.
+"""The call pipeline behind every public collective: validate once at the edge, agree
+across ranks when asked, resolve the algorithm, run it under the stall inspector.
 
-Every call checks its arguments on the calling rank before any message is sent, and
-raises `RingmpiUsageError` naming the call, the rank, what was expected and what came.
+    spec.prepare(edge, args)   local checks; the flat buffers and arguments as a `Call`
+    t.begin(name)              from here on the call may wait for other ranks: a fresh tag,
+                               fresh scratch, the stall inspector's clock running
+    agree (RINGMPI_CHECK=1)    every rank's call (or its validation error) compared
+    resolve                    auto / RINGMPI_ALGO / the named algorithm, its tunables
+    algorithm.run(t, call)     the schedule body
+    t.end()
+
+Errors read 'ringmpi.CALL (rank r of p): what was expected, what came'.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
 from . import auto as _auto
 from . import schedules as _alg
-from . import stall as _stall
-from .auto import choose, default_segments
-from .backend import backend_for
-from .mpicomm import MPI, MPITransport, normalize_op, transport
+from .call import Call
+from .errors import RingmpiError, RingmpiUsageError
 from .ops import SUPPORTED_DTYPES, check_op_dtype
+from .settings import settings
 
-__all__ = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "shift",
-           "algorithms", "RingmpiUsageError", "last_choice"]
-
+__all__ = ["execute", "Edge", "group", "algorithms", "last_choice", "RingmpiUsageError", "RingmpiError"]
 
 # (kind, itemsize): np.longlong and np.int64 are different chars of the same type
 _DTYPE_KEYS = frozenset((d.kind, d.itemsize) for d in SUPPORTED_DTYPES)
+_FACTORY: list[Callable[[Any], Any]] = []
 
 
-class RingmpiUsageError(ValueError):
-    """Bad arguments to a ringmpi call (raised before any communication)."""
+def group(comm: Any = None) -> Any:
+    """The transport of `comm` (an mpi4py intracommunicator; COMM_WORLD when None).
+
+    mpi4py is imported (and MPI initialised) here, at the first collective call, never at
+    `import ringmpi`: the simulator, the model and the CLI's help run without MPI."""
+    if not _FACTORY:
+        from .mpicomm import transport
+        _FACTORY.append(transport)
+    return _FACTORY[0](comm)
 
 
 def algorithms(collective: str) -> list[str]:
@@ -34,21 +47,28 @@ def algorithms(collective: str) -> list[str]:
     return _alg.names(collective)
 
 
-class _Edge:
+def last_choice(comm: Any = None) -> dict | None:
+    """The last call on `comm`: its collective, the algorithm that ran and why (for `auto`,
+    the predictions behind the choice; see RINGMPI_DEBUG=INFO)."""
+    return group(comm).last_choice
+
+
+class Edge:
     """Argument checks for one call on one rank; errors read 'ringmpi.CALL (rank r of p): ...'."""
 
-    def __init__(self, call: str, comm: Any) -> None:
+    def __init__(self, call: str, t: Any) -> None:
         self.call = call
-        self.t: MPITransport = transport(comm)
+        self.t = t
 
     def fail(self, msg: str, kind: type[Exception] = RingmpiUsageError):
         raise kind(f"ringmpi.{self.call} (rank {self.t.rank} of {self.t.size}): {msg}")
 
     def array(self, name: str, buf: Any, *, writable: bool = False) -> np.ndarray:
-        try:
-            backend_for(buf)
-        except TypeError as e:
-            self.fail(f"{name}: {e}", RingmpiUsageError)
+        """`buf` as a flat array (a view: ndarray subclasses such as np.matrix are viewed
+        as plain arrays), after checking it is one ringmpi can send and, if `writable`,
+        write."""
+        if not isinstance(buf, np.ndarray):
+            self.fail(f"{name}: expected a numpy.ndarray, got {type(buf).__module__}.{type(buf).__name__}")
         if not buf.flags.c_contiguous:
             self.fail(f"{name} must be C-contiguous (got strides {buf.strides} for shape "
                       f"{buf.shape}); pass np.ascontiguousarray({name})")
@@ -58,11 +78,12 @@ class _Edge:
                       f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}")
         if writable and not buf.flags.writeable:
             self.fail(f"{name} is read-only; the result needs a writable buffer")
-        return buf.reshape(-1)
+        flat = buf.reshape(-1) if type(buf) is np.ndarray else buf.view(np.ndarray).reshape(-1)
+        return flat
 
     def op(self, op: Any, dtype: np.dtype) -> str:
         try:
-            name = normalize_op(op)
+            name = self.t.op_name(op)
         except ValueError as e:
             self.fail(str(e))
         why = check_op_dtype(name, dtype)
@@ -70,221 +91,117 @@ class _Edge:
             self.fail(why)
         return name
 
-    def root(self, root: Any) -> int:
-        if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < self.t.size:
-            self.fail(f"root must be an integer in [0, {self.t.size}), got {root!r}")
-        return int(root)
+    def integer(self, name: str, value: Any, lo: int, hi: int | None = None) -> int:
+        """An int (or numpy integer, not bool) in [lo, hi)."""
+        ok = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+        if not ok or value < lo or (hi is not None and value >= hi):
+            bound = f"in [{lo}, {hi})" if hi is not None else f">= {lo}"
+            self.fail(f"{name} must be an integer {bound}, got {value!r}")
+        return int(value)
 
-    def recv(self, recvbuf: Any, sendbuf: np.ndarray, count: int) -> np.ndarray:
+    def root(self, root: Any) -> int:
+        return self.integer("root", root, 0, self.t.size)
+
+    def recv(self, recvbuf: Any, send: np.ndarray, count: int) -> np.ndarray:
         """The flat result buffer: allocated when None, checked otherwise."""
         if recvbuf is None:
-            return np.empty(count, dtype=sendbuf.dtype)
+            return np.empty(count, dtype=send.dtype)
         flat = self.array("recvbuf", recvbuf, writable=True)
-        if flat.dtype != sendbuf.dtype:
-            self.fail(f"recvbuf has dtype {flat.dtype}, expected {sendbuf.dtype} (the sendbuf's)")
+        if flat.dtype != send.dtype:
+            self.fail(f"recvbuf has dtype {flat.dtype}, expected {send.dtype} (the sendbuf's)")
         if flat.size != count:
             self.fail(f"recvbuf has {flat.size} elements, expected {count}")
+        if send.size and flat.size and np.may_share_memory(send, flat) and np.shares_memory(send, flat):
+            self.fail("recvbuf overlaps sendbuf; pass the same array for in place, or separate buffers")
         return flat
 
-    def no_partial_overlap(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
-        if sendbuf.size and recvbuf.size and np.may_share_memory(sendbuf, recvbuf) \
-                and np.shares_memory(sendbuf, recvbuf):
-            self.fail("recvbuf overlaps sendbuf; pass the same array for in place, or separate buffers")
-
-    def counts(self, counts: Any, total: int | None = None) -> list[int]:
+    def counts(self, counts: Any, total: int | None = None) -> tuple[int, ...]:
         p = self.t.size
         try:
-            c = [int(x) for x in counts]
+            c = tuple(counts)
         except TypeError:
-            self.fail(f"counts must be a sequence of {p} non-negative integers, got {counts!r}")
-        if len(c) != p or any(x < 0 for x in c):
-            self.fail(f"counts must hold {p} non-negative integers (one per rank), got {list(counts)!r}")
+            c = None
+        if c is None or len(c) != p or not all(isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+                                               and x >= 0 for x in c):
+            self.fail(f"counts must hold {p} non-negative integers (one per rank), got {counts!r}")
+        c = tuple(int(x) for x in c)
         if total is not None and sum(c) != total:
             self.fail(f"counts add up to {sum(c)}, expected len(sendbuf) = {total}")
         return c
 
-    def agree(self, alg: _alg.Algorithm, *fields) -> None:
-        """With RINGMPI_CHECK=1 (like TORCH_DISTRIBUTED_DEBUG=DETAIL), every rank compares the
-        call's fingerprint with the others' first, and all raise together on a mismatch,
-        instead of hanging or silently mixing buffers of different lengths."""
-        flag = _auto.env("check")
-        if flag in ("", "0") or self.t.size == 1:
-            return
-        mine = (self.call, alg.name) + fields
-        every = self.t.allgather_obj(mine)
-        if any(f != every[0] for f in every):
-            groups: dict = {}
-            for r, f in enumerate(every):
-                groups.setdefault(f, []).append(r)
-            text = "; ".join(f"ranks {g}: {' '.join(map(str, f))}" for f, g in groups.items())
-            self.fail(f"ranks disagree on this collective call (RINGMPI_CHECK): {text}")
 
-    def run(self, alg: _alg.Algorithm, *args) -> None:
-        """Run the schedule under the stall inspector (a warning, not a silent hang)."""
-        with _stall.watch(f"{self.call}/{alg.name}", self.t):
-            alg.run(self.t, *args)
-
-    def algorithm(self, collective: str, algorithm: str, count: int, itemsize: int, **kw) -> _alg.Algorithm:
+def execute(spec: Any, comm: Any, algorithm: Any, args: dict) -> Any:
+    """Run one public collective call: `spec.prepare` validates `args` and returns the
+    `Call` and what the public function returns."""
+    try:
+        t = group(comm)
+    except TypeError as e:
+        raise RingmpiUsageError(f"ringmpi.{spec.name}: {e}") from None
+    e = Edge(spec.name, t)
+    try:
+        st = settings()
+    except RingmpiUsageError as err:
+        e.fail(str(err))
+    problem = None
+    try:
+        call, result = spec.prepare(e, **args)
         if not isinstance(algorithm, str):
-            self.fail(f"algorithm must be a name, got {algorithm!r}")
-        if algorithm == "auto":
-            algorithm = choose(collective, self.t, count, itemsize, **kw)
+            e.fail(f"algorithm must be a name, got {algorithm!r}")
+    except RingmpiUsageError as err:
+        if not st.check or t.size == 1:
+            raise
+        call, result, problem = None, None, err
+    t.begin(spec.name)
+    try:
+        if st.check and t.size > 1:
+            _agree(e, algorithm, call, problem)
+        alg, call = _resolve(e, spec, algorithm, call)
+        alg.run(t, call)
+    finally:
+        t.end()
+    return result
+
+
+def _fingerprint(algorithm: str, call: Call) -> tuple:
+    spec = call.collective
+    return (spec.name, algorithm, call.count, str(call.dtype),
+            call.op if spec.reduces else "-", call.root if spec.rooted else "-", call.counts, call.params)
+
+
+def _agree(e: Edge, algorithm: str, call: Call | None, problem: Exception | None) -> None:
+    """RINGMPI_CHECK=1 (like TORCH_DISTRIBUTED_DEBUG=DETAIL): every rank sends its call's
+    fingerprint, or its validation error, and all raise together on any difference."""
+    mine = ("error", str(problem)) if problem is not None else _fingerprint(algorithm, call)
+    every = e.t.allgather_obj(mine)
+    if all(f == every[0] for f in every) and problem is None:
+        return
+    groups: dict = {}
+    for r, f in enumerate(every):
+        groups.setdefault(f, []).append(r)
+    text = "; ".join(f"ranks {g}: {' '.join(map(str, f))}" for f, g in groups.items())
+    e.fail(f"ranks disagree on this collective call (RINGMPI_CHECK): {text}")
+
+
+def _resolve(e: Edge, spec: Any, algorithm: str, call: Call) -> tuple[Any, Call]:
+    """The algorithm to run (auto's choice, or the named one) and the call with its tunables."""
+    t = e.t
+    if algorithm == "auto":
         try:
-            alg = _alg.get(collective, algorithm)
-        except ValueError as e:
-            self.fail(str(e))
-        self.t.begin()
-        return alg
-
-
-def _result(recvbuf: Any, flat: np.ndarray, shape: tuple | None = None) -> np.ndarray:
-    if recvbuf is not None:
-        return recvbuf
-    return flat if shape is None else flat.reshape(shape)
-
-
-def _is_inplace(sendbuf: Any, recvbuf: Any) -> bool:
-    return recvbuf is not None and recvbuf is sendbuf
-
-
-def allreduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any = MPI.SUM,
-              comm: Any = None, algorithm: str = "auto") -> np.ndarray:
-    """Reduce `sendbuf` over all ranks; every rank gets the same result (same bits)."""
-    e = _Edge("allreduce", comm)
-    send = e.array("sendbuf", sendbuf)
-    opn = e.op(op, send.dtype)
-    inplace = _is_inplace(sendbuf, recvbuf)
-    recv = send if inplace else e.recv(recvbuf, send, send.size)
-    if not inplace:
-        e.no_partial_overlap(send, recv)
-    alg = e.algorithm("allreduce", algorithm, send.size, send.itemsize)
-    e.agree(alg, send.size, send.dtype, opn)
-    e.run(alg, recv if inplace else send, recv, opn)
-    return _result(recvbuf, recv, sendbuf.shape)
-
-
-def reduce_scatter(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any = MPI.SUM,
-                   comm: Any = None, algorithm: str = "auto",
-                   counts: Sequence[int] | None = None) -> np.ndarray:
-    """Reduce over all ranks and leave block r (of `counts`, default an even split) on rank r.
-
-    In place (`recvbuf is sendbuf`): the result is written into block r of the buffer and
-    that block (a view) is returned.
-    """
-    e = _Edge("reduce_scatter", comm)
-    send = e.array("sendbuf", sendbuf)
-    opn = e.op(op, send.dtype)
-    c = _alg.block_counts(send.size, e.t.size) if counts is None else e.counts(counts, send.size)
-    r = e.t.rank
-    off = _alg.offsets(c)
-    if _is_inplace(sendbuf, recvbuf):
-        recv = send[off[r]:off[r + 1]]
-        recvbuf = recv
+            choice = _auto.choose(t, call)
+        except ValueError as err:
+            e.fail(str(err))
+        name, why = choice["algorithm"], choice
     else:
-        recv = e.recv(recvbuf, send, c[r])
-        e.no_partial_overlap(send, recv)
-    alg = e.algorithm("reduce_scatter", algorithm, send.size, send.itemsize)
-    e.agree(alg, send.size, send.dtype, opn, tuple(c))
-    e.run(alg, send, recv, opn, c)
-    return _result(recvbuf, recv)
-
-
-def allgather(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, comm: Any = None,
-              algorithm: str = "auto", counts: Sequence[int] | None = None) -> np.ndarray:
-    """Concatenate every rank's `sendbuf` in rank order on every rank.
-
-    `counts` gives per-rank block sizes (default: every rank sends len(sendbuf)). In place
-    (`recvbuf is sendbuf`): the buffer is the full result and block r is this rank's input.
-    """
-    e = _Edge("allgather", comm)
-    p, r = e.t.size, e.t.rank
-    buf = e.array("sendbuf", sendbuf)
-    inplace = _is_inplace(sendbuf, recvbuf)
-    if counts is None:
-        if inplace:
-            if buf.size % p:
-                e.fail(f"in-place buffer has {buf.size} elements, expected a multiple of {p} "
-                       "(pass counts= for uneven blocks)")
-            c = [buf.size // p] * p
-        else:
-            c = [buf.size] * p
-    else:
-        c = e.counts(counts)
-    off = _alg.offsets(c)
-    if inplace:
-        if buf.size != off[-1]:
-            e.fail(f"in-place buffer has {buf.size} elements, expected sum(counts) = {off[-1]}")
-        recv, send = buf, buf[off[r]:off[r + 1]]
-    else:
-        if buf.size != c[r]:
-            e.fail(f"sendbuf has {buf.size} elements, expected counts[{r}] = {c[r]}")
-        recv, send = e.recv(recvbuf, buf, off[-1]), buf
-        e.no_partial_overlap(send, recv)
-    alg = e.algorithm("allgather", algorithm, off[-1], buf.itemsize)
-    e.agree(alg, buf.dtype, tuple(c))
-    e.run(alg, send, recv, c)
-    return _result(recvbuf, recv)
-
-
-def broadcast(buf: np.ndarray, root: int = 0, *, comm: Any = None, algorithm: str = "auto",
-              segments: int | None = None) -> np.ndarray:
-    """Copy the root's `buf` into `buf` on every rank (in place, like MPI_Bcast).
-
-    `segments` cuts the buffer into S pieces for the pipelined chain (default: the S that
-    minimises (p-2+S)(alpha + n/(S B)) under the active profile).
-    """
-    e = _Edge("broadcast", comm)
-    flat = e.array("buf", buf, writable=True)
-    root = e.root(root)
-    if segments is not None and (not isinstance(segments, (int, np.integer)) or isinstance(segments, bool)
-                                 or segments < 1):
-        e.fail(f"segments must be a positive integer or None, got {segments!r}")
-    alg = e.algorithm("broadcast", algorithm, flat.size, flat.itemsize)
-    e.agree(alg, flat.size, flat.dtype, root, segments)
-    if segments is None and alg.name == "pipeline":
-        segments = default_segments(e.t.size, flat.size, flat.itemsize, e.t)
-    e.run(alg, flat, root, int(segments or 1))
-    return buf
-
-
-def reduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, root: int = 0, *,
-           op: Any = MPI.SUM, comm: Any = None, algorithm: str = "auto") -> np.ndarray | None:
-    """Reduce over all ranks onto `root`; returns the result there and None elsewhere."""
-    e = _Edge("reduce", comm)
-    send = e.array("sendbuf", sendbuf)
-    opn = e.op(op, send.dtype)
-    root = e.root(root)
-    at_root = e.t.rank == root
-    inplace = _is_inplace(sendbuf, recvbuf)
-    recv = None
-    if at_root:
-        recv = send if inplace else e.recv(recvbuf, send, send.size)
-        if not inplace:
-            e.no_partial_overlap(send, recv)
-    alg = e.algorithm("reduce", algorithm, send.size, send.itemsize)
-    e.agree(alg, send.size, send.dtype, opn, root)
-    e.run(alg, send, recv, opn, root)
-    return _result(recvbuf, recv, sendbuf.shape) if at_root else None
-
-
-def shift(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, offset: int = 1,
-          comm: Any = None) -> np.ndarray:
-    """One ring round: send to rank+offset, receive from rank-offset (one MPI_Sendrecv)."""
-    e = _Edge("shift", comm)
-    send = e.array("sendbuf", sendbuf)
-    if not isinstance(offset, (int, np.integer)) or isinstance(offset, bool):
-        e.fail(f"offset must be an integer, got {offset!r}")
-    recv = e.recv(recvbuf, send, send.size)
-    if recvbuf is sendbuf:
-        e.fail("shift cannot run in place; pass a separate recvbuf")
-    e.no_partial_overlap(send, recv)
-    p, r = e.t.size, e.t.rank
-    with _stall.watch("shift", e.t):
-        e.t.sendrecv(send, (r + offset) % p, recv, (r - offset) % p)
-    return _result(recvbuf, recv, sendbuf.shape)
-
-
-def last_choice() -> dict | None:
-    """What the last `auto` call chose and why (see RINGMPI_DEBUG)."""
-    from .auto import LAST
-    return LAST.get("choice")
+        name, why = algorithm, None
+    try:
+        alg = _alg.get(spec.name, name)
+    except ValueError as err:
+        e.fail(str(err))
+    if alg.tune is not None:
+        tuned = alg.tuned(t.size, call.count, call.itemsize, _auto.profile_of(t))
+        given = dict(call.params)
+        call = call._replace(params=tuple(sorted({**tuned, **given}.items())))
+    t.describe(f"{spec.name}/{name}")
+    t.last_choice = why or {"collective": spec.name, "algorithm": name, "why": "requested",
+                            "bytes": call.count * call.itemsize}
+    return alg, call

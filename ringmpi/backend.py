@@ -1,8 +1,9 @@
-"""Array backends behind one tiny interface: allocate, copy, reduce-into, synchronise, to-host.
+"""Array backends behind one tiny interface (allocate, copy, reduce-into, synchronise,
+to-host) and the scratch pool every transport hands out memory from.
 
-The algorithms never touch numpy directly for arithmetic; they call the transport, which
-delegates here. That is what lets the simulator swap in symbolic data and count the bytes
-reduced, and what a device backend (cupy) plugs into.
+Schedules never touch numpy for arithmetic or copies: they call the transport, which
+delegates here. That is what lets the simulator count every byte copied and reduced, and
+what a device backend (cupy) plugs into.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 
 from .ops import OPS
 
-__all__ = ["ArrayBackend", "NumpyBackend", "NUMPY", "backend_for"]
+__all__ = ["ArrayBackend", "NumpyBackend", "NUMPY", "backend_for", "ScratchPool"]
 
 
 class ArrayBackend(Protocol):
@@ -59,3 +60,59 @@ def backend_for(buf: Any) -> ArrayBackend:
     if isinstance(buf, np.ndarray):
         return NUMPY
     raise TypeError(f"expected a numpy.ndarray, got {type(buf).__module__}.{type(buf).__name__}")
+
+
+class ScratchPool:
+    """Scratch memory kept between calls, like NCCL's preallocated buffers: a fresh
+    multi-MiB allocation per call would pay its page faults every time.
+
+    Slot i is the i-th scratch request of a call. Every `window` calls the pool trims
+    itself: a slot no call used in the window is freed, and one more than twice as large as
+    the largest request it served is shrunk, so memory follows the recent calls instead of
+    the largest call ever made.
+    """
+
+    def __init__(self, backend: ArrayBackend = NUMPY, window: int = 16) -> None:
+        self.backend = backend
+        self.window = window
+        self._slots: list[Any] = []
+        self._peak: list[int] = []
+        self._cursor = 0
+        self._calls = 0
+
+    def reset(self) -> None:
+        """Start of a collective call: slots are handed out afresh."""
+        self._cursor = 0
+        self._calls += 1
+        if self._calls % self.window == 0:
+            self.trim()
+
+    def take(self, n: int, dtype: Any) -> Any:
+        dt = np.dtype(dtype)
+        need = n * dt.itemsize
+        i = self._cursor
+        self._cursor += 1
+        if i == len(self._slots):
+            self._slots.append(None)
+            self._peak.append(0)
+        if self._slots[i] is None or self._slots[i].nbytes < need:
+            self._slots[i] = self.backend.empty(need, np.uint8)
+        self._peak[i] = max(self._peak[i], need)
+        return self._slots[i][:need].view(dt)
+
+    def trim(self) -> None:
+        for i, buf in enumerate(self._slots):
+            if buf is None:
+                continue
+            if self._peak[i] == 0:
+                self._slots[i] = None
+            elif buf.nbytes > 2 * self._peak[i]:
+                self._slots[i] = self.backend.empty(self._peak[i], np.uint8)
+            self._peak[i] = 0
+        while self._slots and self._slots[-1] is None:
+            self._slots.pop()
+            self._peak.pop()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self._slots if b is not None)

@@ -5,18 +5,22 @@ Each measured (algorithm, size) contributes one equation
 whose counts come from the algorithm's registered formula; the system is solved by
 non-negative least squares, each row divided by its time so that 1 KiB and 64 MiB weigh
 alike. The MPI library's own collective has no formula, so it only enters the tuning table
-(`Profile.measured`) that `auto` interpolates.
+(`Profile.measured`) that `auto` interpolates. (`ringmpi calibrate`, the command, is in
+`ringmpi.tools.calibrate`.)
 """
 from __future__ import annotations
 
 import itertools
+import statistics
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from . import schedules
 from .cost import Profile
 
-__all__ = ["Sample", "nnls", "fit_profile", "fit_quality"]
+__all__ = ["Sample", "nnls", "fit_profile", "fit_quality", "measure_p2p"]
 
 
 @dataclass(frozen=True)
@@ -49,27 +53,24 @@ def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _rows(samples, p):
-    from .schedules import get
-    rows, ys, used = [], [], []
+    rows, ys = [], []
     for s in samples:
         if s.collective == "p2p":  # one MPI_Sendrecv round: alpha + n beta
             rows.append([1.0, 1.0, float(s.count * s.itemsize), 0.0])
             ys.append(s.seconds)
-            used.append(s)
             continue
-        alg = get(s.collective, s.algorithm)
+        alg = schedules.get(s.collective, s.algorithm)
         if alg.cost is None or s.seconds <= 0:
             continue
-        c = alg.cost(p, s.count, s.itemsize, **dict(s.params))
+        c = alg.formula(p, s.count, s.itemsize, **dict(s.params))
         rows.append([1.0, c.alphas, c.beta_bytes, c.gamma_bytes])
         ys.append(s.seconds)
-        used.append(s)
-    return np.array(rows, float), np.array(ys, float), used
+    return np.array(rows, float), np.array(ys, float)
 
 
 def fit_profile(samples: list[Sample], p: int, name: str = "fitted", meta: dict | None = None) -> Profile:
     """A profile for world size p: NNLS fit of the formulas plus the tuning table."""
-    a, y, _ = _rows(samples, p)
+    a, y = _rows(samples, p)
     if len(y) >= 2:
         w = 1.0 / y
         overhead, alpha, beta, gamma = nnls(a * w[:, None], y * w)
@@ -89,7 +90,7 @@ def fit_profile(samples: list[Sample], p: int, name: str = "fitted", meta: dict 
 
 def fit_quality(samples: list[Sample], prof: Profile, p: int) -> dict:
     """Median and worst relative error of the fitted formula over the samples it used."""
-    a, y, _ = _rows(samples, p)
+    a, y = _rows(samples, p)
     if not len(y):
         return {"median_rel_err": None, "max_rel_err": None, "n": 0}
     pred = a @ np.array([prof.overhead, prof.alpha, prof.beta, prof.gamma])
@@ -97,10 +98,9 @@ def fit_quality(samples: list[Sample], prof: Profile, p: int) -> dict:
     return {"median_rel_err": float(np.median(rel)), "max_rel_err": float(rel.max()), "n": int(len(y))}
 
 
-def measure_p2p(t, sizes: list[int], iters: int = 20, rounds: int = 3) -> list[Sample]:
-    """Point-to-point rounds: every rank sends n bytes right and receives n from the left
-    (one ring round, as in every ring step), median of interleaved rounds, max over ranks."""
-    import statistics
+def measure_p2p(t: Any, sizes: list[int], iters: int = 20, rounds: int = 3) -> list[Sample]:
+    """Point-to-point rounds on group `t`: every rank sends n bytes right and receives n
+    from the left (one ring round, as in every ring step), median of rounds, max over ranks."""
     out = []
     for n in sizes:
         a, b = np.zeros(n, np.uint8), np.empty(n, np.uint8)
@@ -108,29 +108,14 @@ def measure_p2p(t, sizes: list[int], iters: int = 20, rounds: int = 3) -> list[S
         per = []
         for _ in range(rounds):
             t.barrier()
+            t.begin("calibrate/p2p")
             t0 = t.wtime()
-            for _ in range(iters):
-                t.sendrecv(a, right, b, left)
+            try:
+                for _ in range(iters):
+                    t.sendrecv(a, right, b, left)
+            finally:
+                t.end()
             per.append((t.wtime() - t0) / iters)
         worst = max(t.allgather_obj(statistics.median(per)))
         out.append(Sample("p2p", "sendrecv", n, 1, worst))
     return out
-
-
-def add_parser(sub) -> None:
-    c = sub.add_parser("calibrate", help="measure this machine and save the profile auto uses")
-    c.add_argument("-b", "--minbytes", default="1K")
-    c.add_argument("-e", "--maxbytes", default="4M")
-    c.add_argument("-f", "--stepfactor", type=float, default=4)
-    c.add_argument("-C", "--collectives", default="all")
-    c.add_argument("-d", "--dtype", default="float32")
-    c.add_argument("--out", default="", help="also write the benchmark report here")
-    c.set_defaults(func=_run)
-
-
-def _run(ns) -> int:
-    from .bench import run
-    ns.algorithms, ns.op, ns.root, ns.iters, ns.warmup, ns.rounds = "all", "sum", 0, 0, None, 3
-    ns.check, ns.no_save_profile, ns.no_progress, ns.quiet, ns.p2p = 1, False, False, True, True
-    ns.average, ns.json, ns.stepbytes = 1, "", ""
-    return run(ns)

@@ -1,9 +1,11 @@
-"""The alpha-beta-gamma cost model and the lecture's back-of-the-envelope estimates.
+"""The alpha-beta-gamma cost record, the machine profile, and the lecture's closed forms.
 
 A message of n bytes costs alpha + n beta; reducing n bytes costs n gamma. Each algorithm
-module registers its own formula next to its schedule (critical-path counts of messages,
-bytes moved and bytes reduced, plus traffic per rank), so the model, the code and the
-simulator's counts can be checked against each other.
+module registers its own formula (a `Cost`: critical-path counts of messages, bytes moved
+and bytes reduced, plus traffic per rank) next to its schedule, so the model, the code and
+the simulator's counts can be checked against each other. This module is a leaf; the
+queries over registered algorithms (predict, crossover, data-parallel speedup) live in
+`ringmpi.model`.
 """
 from __future__ import annotations
 
@@ -12,9 +14,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["Cost", "Profile", "LECTURE", "cost", "predict", "best_segments",
-           "pipeline_time", "crossover", "dp_step", "train_flops", "training_state_bytes",
-           "gpu_hours", "mfu", "model_parallel_share", "parameter_server_time"]
+__all__ = ["Cost", "FREE", "Profile", "LECTURE", "pipeline_time", "best_segments", "train_flops",
+           "training_state_bytes", "gpu_hours", "mfu", "model_parallel_share", "parameter_server_time"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,10 @@ class Cost:
     def time(self, prof: "Profile") -> float:
         return (prof.overhead + self.alphas * prof.alpha + self.beta_bytes * prof.beta
                 + self.gamma_bytes * prof.gamma)
+
+
+#: A collective that does nothing (one rank, or nothing to send).
+FREE = Cost(0, 0, 0, 0, 0, 0)
 
 
 @dataclass
@@ -63,19 +68,6 @@ class Profile:
 LECTURE = Profile(alpha=5e-6, beta=1 / 25e9, gamma=0.0, name="lecture (5 us, 25 GB/s)")
 
 
-def cost(collective: str, algorithm: str, p: int, count: int, itemsize: int = 1, **params) -> Cost:
-    from .schedules import get
-    alg = get(collective, algorithm)
-    if alg.cost is None:
-        raise ValueError(f"{collective}/{algorithm} has no formula (the MPI library's own is measured)")
-    return alg.cost(p, count, itemsize, **params)
-
-
-def predict(collective: str, algorithm: str, p: int, nbytes: int, prof: Profile = LECTURE, **params) -> float:
-    """Predicted seconds for `nbytes` (the whole vector; count = nbytes at itemsize 1)."""
-    return cost(collective, algorithm, p, nbytes, 1, **params).time(prof)
-
-
 def pipeline_time(p: int, nbytes: float, segments: int, alpha: float, beta: float) -> float:
     """(p - 2 + S)(alpha + n/S beta): the segmented chain broadcast."""
     if p <= 1:
@@ -94,38 +86,6 @@ def best_segments(p: int, nbytes: float, alpha: float, beta: float, max_segments
     cands = {1, hi, *(min(hi, max(1, int(math.floor(star)) + d)) for d in (-1, 0, 1, 2))}
     best = min(sorted(cands), key=lambda s: pipeline_time(p, nbytes, s, alpha, beta))
     return best, star
-
-
-def crossover(collective: str, a: str, b: str, p: int, prof: Profile = LECTURE,
-              lo: int = 1, hi: int = 1 << 40) -> int | None:
-    """Smallest message size (bytes) from which `b` is at least as fast as `a`, or None."""
-    def faster_b(n: int) -> bool:
-        return predict(collective, b, p, n, prof) <= predict(collective, a, p, n, prof)
-    if faster_b(lo):
-        return lo
-    if not faster_b(hi):
-        return None
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if faster_b(mid) else (mid, hi)
-    return hi
-
-
-@dataclass(frozen=True)
-class DPStep:
-    workers: int
-    compute: float      # T1 / p
-    comm: float         # ring all-reduce of the gradients
-    step: float
-    speedup: float
-    comm_fraction: float
-
-
-def dp_step(t1: float, p: int, grad_bytes: float, prof: Profile = LECTURE, algorithm: str = "ring") -> DPStep:
-    """Data-parallel step without overlap: T1/p + T_comm; speedup T1 / that."""
-    comm = predict("allreduce", algorithm, p, int(grad_bytes), prof) - prof.overhead if p > 1 else 0.0
-    step = t1 / p + comm
-    return DPStep(p, t1 / p, comm, step, t1 / step, comm / step)
 
 
 def train_flops(params: float, tokens: float) -> float:

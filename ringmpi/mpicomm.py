@@ -1,53 +1,36 @@
-"""The transport seam: the only module that imports mpi4py.
+"""The MPI transport: the only module that imports mpi4py.
 
-`MPITransport` gives the algorithms what they need and nothing more: rank, size,
-`sendrecv` (one MPI_Sendrecv; a side that is None is MPI_PROC_NULL), `exchange` (many
-Isend/Irecv then one Waitall, for the root-centric fan-in and fan-out), `combine` and
-`empty` (delegated to the array backend), and byte/message counters. The simulator in
-`ringmpi.sim` implements the same interface, so one algorithm body serves both.
+`MPITransport` implements `ringmpi.transport.Group` over one intracommunicator: the data
+plane the schedules use (`sendrecv`: one MPI_Sendrecv, a side that is None being
+MPI_PROC_NULL; `exchange`: Isend/Irecv then one Waitall; `empty`/`copy`/`combine` through
+the array backend and the scratch pool; `native`: the library's own collective), and the
+per-communicator state the layers above keep on it (profile, choice cache, last choice,
+the call in flight for the stall inspector).
 
-Messages travel on a private duplicate of the user's communicator (cached on it as an MPI
-attribute, freed with it) so ringmpi's traffic can never match the user's own receives.
+Messages travel on a private duplicate of the user's communicator, so ringmpi's traffic can
+never match the user's own receives, and every call uses its own tag (the call's sequence
+number), so a message left over by a call that failed on one rank can never be matched by
+the next call. The transport is stored on the user's communicator as an MPI attribute:
+it lives exactly as long as the communicator and is freed with it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
 from typing import Any, Sequence
 
 import numpy as np
 from mpi4py import MPI
 
-from .backend import NUMPY, ArrayBackend
-from .ops import OPS
+from . import stall
+from .backend import NUMPY, ArrayBackend, ScratchPool
+from .ops import OPS, op_name
+from .transport import IN_PLACE, LRU, Counters
 
-__all__ = ["MPI", "MPITransport", "Counters", "transport", "mpi_op", "normalize_op",
-           "library_version", "world", "INT_MAX"]
+__all__ = ["MPI", "MPITransport", "transport", "library_version", "mpi_standard", "mpi4py_version", "INT_MAX"]
 
 INT_MAX = 2**31 - 1
-_TAG = 7411
-
 _MPI_OPS = {name: getattr(MPI, name) for name in OPS}
-_OP_NAMES = {id(o): (o, n) for n, o in _MPI_OPS.items()}
-_OP_NAMES.update({id(n): (n, n) for n in OPS})
-
-
-def mpi_op(name: str) -> "MPI.Op":
-    return _MPI_OPS[name]
-
-
-def normalize_op(op: Any) -> str:
-    """'SUM' for MPI.SUM, "sum" or "SUM"; a clear error for user-defined or unknown ops."""
-    hit = _OP_NAMES.get(id(op))
-    if hit is not None and hit[0] is op:  # the predefined op objects and the common strings
-        return hit[1]
-    if isinstance(op, MPI.Op):
-        for name, mop in _MPI_OPS.items():
-            if op == mop:
-                return name
-        raise ValueError("only MPI's predefined reduction ops are supported "
-                         f"({', '.join(_MPI_OPS)}); got a user-defined MPI.Op")
-    from .ops import op_name
-    return op_name(op)
+_OTHER_OPS = {n: getattr(MPI, n) for n in ("MAXLOC", "MINLOC", "REPLACE", "NO_OP") if hasattr(MPI, n)}
 
 
 def library_version() -> str:
@@ -55,23 +38,13 @@ def library_version() -> str:
     return MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0]
 
 
-def world() -> "MPI.Intracomm":
-    return MPI.COMM_WORLD
+def mpi_standard() -> str:
+    return "%d.%d" % MPI.Get_version()
 
 
-@dataclass
-class Counters:
-    """What this rank put on the wire through ringmpi: messages, bytes, transport calls."""
-    messages: int = 0
-    bytes_sent: int = 0
-    calls: int = 0
-
-    def snapshot(self) -> "Counters":
-        return Counters(self.messages, self.bytes_sent, self.calls)
-
-    def since(self, before: "Counters") -> "Counters":
-        return Counters(self.messages - before.messages, self.bytes_sent - before.bytes_sent,
-                        self.calls - before.calls)
+def mpi4py_version() -> str:
+    import mpi4py
+    return mpi4py.__version__
 
 
 def _pieces(buf: np.ndarray | None, max_count: int) -> list[np.ndarray]:
@@ -83,41 +56,43 @@ def _pieces(buf: np.ndarray | None, max_count: int) -> list[np.ndarray]:
     return [buf[i:i + max_count] for i in range(0, buf.size, max_count)]
 
 
-_KEYVAL: int | None = None
-
-
-def _private_dup(comm: "MPI.Intracomm") -> "MPI.Intracomm":
-    """A duplicate of `comm` cached on it, freed by MPI when `comm` is freed."""
-    global _KEYVAL
-    if _KEYVAL is None:
-        def _free(_comm, _key, dup):
-            if dup != MPI.COMM_NULL and not MPI.Is_finalized():
-                dup.Free()
-        _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_free)
-    dup = comm.Get_attr(_KEYVAL)
-    if dup is None:
-        dup = comm.Dup()
-        comm.Set_attr(_KEYVAL, dup)
-    return dup
-
-
 class MPITransport:
-    """Point-to-point transport over one intracommunicator."""
+    """Point-to-point transport and per-communicator state over one intracommunicator."""
 
-    def __init__(self, comm: "MPI.Intracomm | None" = None, *, backend: ArrayBackend = NUMPY,
-                 max_count: int = INT_MAX) -> None:
-        user = MPI.COMM_WORLD if comm is None else comm
-        if not isinstance(user, MPI.Intracomm) or user == MPI.COMM_NULL:
-            raise TypeError(f"comm must be an mpi4py intracommunicator, got {user!r}")
+    def __init__(self, user: "MPI.Intracomm", *, backend: ArrayBackend = NUMPY, max_count: int = INT_MAX) -> None:
         self.user_comm = user
-        self.comm = _private_dup(user)
+        self.comm = user.Dup()
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.backend = backend
         self.max_count = max_count
         self.counters = Counters()
-        self._pool: list[np.ndarray] = []
-        self._cursor = 0
+        self.pool = ScratchPool(backend)
+        ub = self.comm.Get_attr(MPI.TAG_UB)
+        self._tags = max(2, min(ub if isinstance(ub, int) else 32767, 1 << 30))
+        self.seq = 0
+        self.tag = 0
+        self.inflight: tuple[str, float] | None = None
+        self.profile: Any = None          # ringmpi.cost.Profile, read once (ringmpi.auto)
+        self.choices = LRU(256)           # auto's decisions per call shape
+        self.last_choice: dict | None = None
+        self.freed = False
+        stall.track(self)
+
+    # -- the call bracket: one tag per call, scratch afresh, watched by the stall inspector --
+    def begin(self, name: str) -> int:
+        self.seq += 1
+        self.tag = self.seq % self._tags
+        self.pool.reset()
+        self.inflight = (name, time.monotonic())
+        return self.seq
+
+    def describe(self, label: str) -> None:
+        if self.inflight is not None:
+            self.inflight = (label, self.inflight[1])
+
+    def end(self) -> None:
+        self.inflight = None
 
     # -- data movement -------------------------------------------------------------------
     def sendrecv(self, sendbuf: np.ndarray | None, dest: int | None,
@@ -129,11 +104,12 @@ class MPITransport:
         if source is None:
             recvbuf = None
         sp, rp = _pieces(sendbuf, self.max_count), _pieces(recvbuf, self.max_count)
+        tag = self.tag
         for i in range(max(len(sp), len(rp), 1)):
             s = sp[i] if i < len(sp) else None
             r = rp[i] if i < len(rp) else None
-            self.comm.Sendrecv(s, MPI.PROC_NULL if s is None else dest, _TAG,
-                               r, MPI.PROC_NULL if r is None else source, _TAG)
+            self.comm.Sendrecv(s, MPI.PROC_NULL if s is None else dest, tag,
+                               r, MPI.PROC_NULL if r is None else source, tag)
             if s is not None:
                 self.counters.messages += 1
                 self.counters.bytes_sent += s.nbytes
@@ -142,69 +118,54 @@ class MPITransport:
                  recvs: Sequence[tuple[np.ndarray, int]]) -> None:
         """Post every receive and send at once, then wait for all (root fan-in / fan-out)."""
         self.counters.calls += 1
-        reqs = []
+        reqs, tag = [], self.tag
         for buf, src in recvs:
-            reqs += [self.comm.Irecv(p, src, _TAG) for p in _pieces(buf, self.max_count)]
+            reqs += [self.comm.Irecv(p, src, tag) for p in _pieces(buf, self.max_count)]
         for buf, dest in sends:
             for p in _pieces(buf, self.max_count):
-                reqs.append(self.comm.Isend(p, dest, _TAG))
+                reqs.append(self.comm.Isend(p, dest, tag))
                 self.counters.messages += 1
                 self.counters.bytes_sent += p.nbytes
         MPI.Request.Waitall(reqs)
 
-    # -- local work ----------------------------------------------------------------------
-    def begin(self) -> None:
-        """Start of a collective call: scratch buffers are handed out afresh from the pool."""
-        self._cursor = 0
-
+    # -- local work (the array backend) --------------------------------------------------
     def empty(self, n: int, dtype: Any) -> np.ndarray:
-        """Scratch memory, kept between calls (like NCCL's preallocated buffers): a fresh
-        multi-MiB allocation per call would pay its page faults every time."""
-        dt = np.dtype(dtype)
-        need = n * dt.itemsize
-        i = self._cursor
-        self._cursor += 1
-        if i == len(self._pool):
-            self._pool.append(self.backend.empty(0, np.uint8))
-        if self._pool[i].nbytes < need:
-            self._pool[i] = self.backend.empty(need, np.uint8)
-        return self._pool[i][:need].view(dt)
+        return self.pool.take(n, dtype)
 
-    def release_scratch(self) -> None:
-        """Give the scratch pool's memory back (it regrows on the next call)."""
-        self._pool.clear()
+    def copy(self, src: np.ndarray, dst: np.ndarray) -> None:
+        self.counters.bytes_copied += dst.nbytes
+        self.backend.copy(src, dst)
 
     def combine(self, op: str, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+        self.counters.bytes_reduced += out.nbytes
         self.backend.combine(op, a, b, out)
 
-    # -- the MPI library's own collectives (the `mpi` algorithm and the reference) ---------
-    def native_allreduce(self, sendbuf, recvbuf, op: str) -> None:
-        self.comm.Allreduce(MPI.IN_PLACE if sendbuf is recvbuf else sendbuf, recvbuf, mpi_op(op))
+    # -- the MPI library's own collectives ----------------------------------------------
+    def native(self, call: Any) -> None:
+        """The library's own collective: the call's spec knows which MPI function it is."""
+        call.collective.mpi(self, call)
 
-    def native_reduce_scatter(self, sendbuf, recvbuf, counts: Sequence[int], op: str) -> None:
-        # MPI's in-place form leaves the result at the front of the buffer, ours at block r.
-        # (an empty block still carries the buffer's address, which MPICH rejects as aliased)
-        alias = _aliases_block(sendbuf, recvbuf) or (recvbuf.size == 0 and sendbuf.size > 0)
-        out = self.backend.empty(recvbuf.size, recvbuf.dtype) if alias else recvbuf
-        self.comm.Reduce_scatter(sendbuf, out, list(counts), mpi_op(op))
-        if out is not recvbuf:
-            recvbuf[...] = out
+    def library(self, function: str, *args: Any) -> Any:
+        """Call communicator method `function` (e.g. "Allreduce") with ringmpi's arguments:
+        IN_PLACE and op names are translated to mpi4py's objects."""
+        conv = [MPI.IN_PLACE if a is IN_PLACE else _MPI_OPS[a] if isinstance(a, str) else a for a in args]
+        return getattr(self.comm, function)(*conv)
 
-    def native_allgather(self, sendbuf, recvbuf, counts: Sequence[int]) -> None:
-        displs = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
-        send = MPI.IN_PLACE if _aliases_block(sendbuf, recvbuf) else sendbuf
-        self.comm.Allgatherv(send, [recvbuf, (list(counts), displs)])
+    def op_name(self, op: Any) -> str:
+        """'SUM' for MPI.SUM, "sum" or "SUM"; a clear error for other ops."""
+        if isinstance(op, MPI.Op):
+            for name, mop in _MPI_OPS.items():
+                if op == mop:
+                    return name
+            for name, mop in _OTHER_OPS.items():
+                if op == mop:
+                    raise ValueError(f"MPI.{name} is not supported by ringmpi; expected one of "
+                                     f"{', '.join(_MPI_OPS)}")
+            raise ValueError("only MPI's predefined reduction ops are supported "
+                             f"({', '.join(_MPI_OPS)}); got a user-defined MPI.Op")
+        return op_name(op)
 
-    def native_broadcast(self, buf, root: int) -> None:
-        self.comm.Bcast(buf, root)
-
-    def native_reduce(self, sendbuf, recvbuf, op: str, root: int) -> None:
-        if self.rank == root and sendbuf is recvbuf:
-            self.comm.Reduce(MPI.IN_PLACE, recvbuf, mpi_op(op), root)
-        else:
-            self.comm.Reduce(sendbuf, recvbuf if self.rank == root else None, mpi_op(op), root)
-
-    # -- helpers for harnesses (benchmark, calibration, trainer) --------------------------
+    # -- helpers for the layers above (auto, check, benchmark, calibration, trainer) -----
     def abort(self, code: int = 1) -> None:
         """End every process of the job (MPI_Abort on the user's communicator)."""
         self.user_comm.Abort(code)
@@ -212,15 +173,11 @@ class MPITransport:
     def barrier(self) -> None:
         self.comm.Barrier()
 
-    @staticmethod
-    def wtime() -> float:
+    def wtime(self) -> float:
         return MPI.Wtime()
 
     def bcast_obj(self, obj: Any, root: int = 0) -> Any:
         return self.comm.bcast(obj, root)
-
-    def gather_obj(self, obj: Any, root: int = 0) -> Any:
-        return self.comm.gather(obj, root)
 
     def allgather_obj(self, obj: Any) -> list:
         return self.comm.allgather(obj)
@@ -228,31 +185,37 @@ class MPITransport:
     def hostnames(self) -> list[str]:
         return self.comm.allgather(MPI.Get_processor_name())
 
+    def release(self) -> None:
+        """The user's communicator is being freed: free the duplicate and the scratch."""
+        self.freed = True
+        self.pool = ScratchPool(self.backend)
+        if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
+            self.comm.Free()
 
-def _aliases_block(sendbuf: np.ndarray, recvbuf: np.ndarray) -> bool:
-    return sendbuf is recvbuf or (sendbuf.size > 0 and np.shares_memory(sendbuf, recvbuf))
+
+def _delete(_comm: Any, _key: int, t: MPITransport) -> None:
+    t.release()
+    if _LAST and _LAST[1] is t:
+        _LAST.clear()
 
 
-_CACHE: dict = {}
-_BY_OBJECT: dict[int, MPITransport] = {}
+_KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete)
+_LAST: list = []   # (user communicator object, its transport): the one-entry fast path
 
 
 def transport(comm: "MPI.Intracomm | None" = None) -> MPITransport:
-    """The cached transport of `comm` (COMM_WORLD when None)."""
+    """The transport of `comm` (COMM_WORLD when None), made at its first use."""
     if comm is None:
-        t = _CACHE.get("world")
-        if t is None:
-            t = _CACHE["world"] = transport(MPI.COMM_WORLD)
-        return t
-    t = _BY_OBJECT.get(id(comm))
-    if t is not None and t.user_comm is comm and t.comm != MPI.COMM_NULL:
-        return t
-    user = comm
-    if not isinstance(user, MPI.Intracomm):
-        raise TypeError(f"comm must be an mpi4py intracommunicator, got {type(user).__name__}")
-    key = user.py2f() if user != MPI.COMM_NULL else -1
-    t = _CACHE.get(key)
-    if t is None or t.user_comm != user or t.comm == MPI.COMM_NULL:
-        t = _CACHE[key] = MPITransport(user)
-    _BY_OBJECT[id(comm)] = t  # fast path for the next call with this very object
+        comm = MPI.COMM_WORLD
+    if _LAST and _LAST[0] is comm and not _LAST[1].freed:
+        return _LAST[1]
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        what = "MPI.COMM_NULL" if isinstance(comm, MPI.Comm) and comm == MPI.COMM_NULL else \
+            "an inter-communicator" if isinstance(comm, MPI.Intercomm) else f"{type(comm).__module__}.{type(comm).__name__}"
+        raise TypeError(f"comm must be an mpi4py intracommunicator, got {what}")
+    t = comm.Get_attr(_KEYVAL)
+    if t is None:
+        t = MPITransport(comm)
+        comm.Set_attr(_KEYVAL, t)
+    _LAST[:] = [comm, t]
     return t

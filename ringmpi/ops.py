@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["OPS", "op_name", "check_op_dtype", "SUPPORTED_DTYPES", "identity"]
+__all__ = ["OPS", "op_name", "check_op_dtype", "SUPPORTED_DTYPES"]
 
 _INT = "iu"
 #: numpy kernel of each predefined MPI operation.
@@ -36,14 +36,17 @@ SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (
 def op_name(op: object) -> str:
     """Normalise an op given as a name ("sum", "SUM") or an object with a predefined name.
 
-    mpi4py's `MPI.SUM` is translated by the communicator module (the only one that knows
-    mpi4py); here anything with a `.name`-like string form is accepted too.
+    mpi4py's `MPI.SUM` is translated by the MPI transport (the only module that knows
+    mpi4py, `Group.op_name`); here only names and objects carrying `ringmpi_name`.
     """
     if isinstance(op, str):
         name = op.upper()
     else:
-        name = getattr(op, "ringmpi_name", None) or str(op)
-        name = name.rsplit(".", 1)[-1].upper()
+        name = getattr(op, "ringmpi_name", None)
+        if not isinstance(name, str):
+            raise ValueError(f"unknown reduction op {op!r}; expected a name ({', '.join(OPS)}) "
+                             "or one of MPI's predefined ops")
+        name = name.upper()
     if name not in OPS:
         raise ValueError(f"unknown reduction op {op!r}; expected one of {', '.join(OPS)}")
     return name
@@ -54,16 +57,3 @@ def check_op_dtype(op: str, dtype: np.dtype) -> str | None:
     if dtype.kind not in _VALID_KINDS[op]:
         return f"op {op} is not defined for dtype {dtype} (MPI allows it on kinds {_VALID_KINDS[op]!r})"
     return None
-
-
-def identity(op: str, dtype: np.dtype):
-    """The neutral element of `op` for `dtype` (used to pad and to test)."""
-    dtype = np.dtype(dtype)
-    if op in ("SUM", "LOR", "LXOR", "BOR", "BXOR"):
-        return dtype.type(0)
-    if op in ("PROD", "LAND"):
-        return dtype.type(1)
-    if op == "BAND":
-        return dtype.type(~0) if dtype.kind == "i" else np.iinfo(dtype).max
-    info = np.iinfo(dtype) if dtype.kind in _INT else np.finfo(dtype)
-    return dtype.type(info.min if op == "MAX" else info.max)

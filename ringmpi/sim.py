@@ -1,7 +1,7 @@
 """A virtual cluster: p ranks in one process running the very same schedule code as MPI.
 
-Each virtual rank is a greenlet with a transport (`VirtualRank`) that has the interface of
-`ringmpi.mpicomm.MPITransport`. A `sendrecv` or `exchange` posts its messages and yields;
+Each virtual rank is a greenlet with a transport (`VirtualRank`) that implements
+`ringmpi.transport.Transport`, as `ringmpi.mpicomm.MPITransport` does. A `sendrecv` or `exchange` posts its messages and yields;
 the scheduler matches them FIFO per (source, destination) channel, as MPI does, copies the
 data, and resumes the rank when all its messages are matched. Nothing waits on a network:
 a schedule that would deadlock under MPI raises `SimDeadlock` naming the stuck ranks.
@@ -24,8 +24,10 @@ import numpy as np
 from greenlet import greenlet
 
 from .backend import NUMPY
+from .collectives import spec as collective_spec
 from .cost import LECTURE, Profile
-from .mpicomm import Counters
+from .schedules import get
+from .transport import Counters
 
 __all__ = ["Sym", "VirtualCluster", "VirtualRank", "SimDeadlock", "symbolic", "run_collective"]
 
@@ -78,7 +80,7 @@ class _Op:
 
 
 class VirtualRank:
-    """The transport of one virtual rank (same interface as MPITransport)."""
+    """The transport of one virtual rank (implements `ringmpi.transport.Transport`)."""
 
     def __init__(self, cluster: "VirtualCluster", rank: int) -> None:
         self.cluster = cluster
@@ -88,7 +90,6 @@ class VirtualRank:
         self.counters = Counters()
         self.clock = 0.0
         self.rounds = 0   # critical-path rounds: 1 + the deepest of this op's and its peers'
-        self.reduced_bytes = 0
         self.bytes_received = 0
         self.watch: Any = None           # buffer to snapshot before each op (symbolic tables)
         self.snapshots: list = []        # (clock, copy of watch)
@@ -147,6 +148,10 @@ class VirtualRank:
     def empty(self, n: int, dtype: Any) -> np.ndarray:
         return np.empty(n, dtype=dtype)
 
+    def copy(self, src, dst) -> None:
+        self.counters.bytes_copied += self.cluster.nbytes(dst)
+        np.copyto(dst, src)
+
     def combine(self, op: str, a, b, out) -> None:
         if out.dtype.kind == "O":
             if op != "SUM":
@@ -155,8 +160,18 @@ class VirtualRank:
         else:
             self.backend.combine(op, a, b, out)
         nbytes = self.cluster.nbytes(out)
-        self.reduced_bytes += nbytes
+        self.counters.bytes_reduced += nbytes
         self.clock += nbytes * self.cluster.profile.gamma
+
+    def native(self, call) -> None:
+        """The MPI library's own collective is opaque: the simulator runs the algorithm the
+        collective's spec names as its stand-in (`Collective.simulated_native`)."""
+        spec = call.collective
+        get(spec.name, spec.simulated_native).run(self, call)
+
+    @property
+    def reduced_bytes(self) -> int:
+        return self.counters.bytes_reduced
 
 
 class VirtualCluster:
@@ -262,43 +277,24 @@ class VirtualCluster:
                 "messages": sum(r.counters.messages for r in self.ranks), "sent": sent}
 
 
-def run_collective(collective: str, algorithm: str, inputs: list[np.ndarray], *, op: str = "SUM",
-                   root: int = 0, segments: int = 1, profile: Profile = LECTURE, inplace: bool = False,
-                   watch: bool = False, sym_itemsize: int = 1):
-    """Run one registered algorithm on a virtual cluster; returns (cluster, per-rank outputs)."""
-    from .schedules import block_counts, get
-    p = len(inputs)
+def run_collective(collective: str, algorithm: str, inputs: list[np.ndarray], *, op: str | None = "SUM",
+                   root: int = 0, params: dict | None = None, profile: Profile = LECTURE,
+                   inplace: bool = False, watch: bool = False, sym_itemsize: int = 1):
+    """Run one registered algorithm on a virtual cluster of len(inputs) ranks, rank r's
+    input being inputs[r] (its contribution, as in `Collective.make`); returns (cluster,
+    per-rank outputs). The algorithm's tunables are `params`, else its `tune` under `profile`."""
+    spec = collective_spec(collective)
     alg = get(collective, algorithm)
+    p = len(inputs)
     cl = VirtualCluster(p, profile, sym_itemsize)
 
     def fn(t: VirtualRank):
-        x = inputs[t.rank].copy()
-        n = x.size
-        if collective == "allreduce":
-            out = x if inplace else t.empty(n, x.dtype)
-            if watch:
-                t.watch = out
-            alg.run(t, x, out, op)
-        elif collective == "reduce_scatter":
-            counts = block_counts(n, p)
-            out = t.empty(counts[t.rank], x.dtype)
-            alg.run(t, x, out, op, counts)
-        elif collective == "allgather":
-            counts = [n] * p
-            out = t.empty(n * p, x.dtype)
-            out[t.rank * n:(t.rank + 1) * n] = x
-            if watch:
-                t.watch = out
-            alg.run(t, out[t.rank * n:(t.rank + 1) * n], out, counts)
-        elif collective == "broadcast":
-            out = x
-            if watch:
-                t.watch = out
-            alg.run(t, out, root, segments)
-        elif collective == "reduce":
-            out = t.empty(n, x.dtype) if t.rank == root else None
-            alg.run(t, x, out, op, root)
-        else:
-            raise ValueError(f"unknown collective {collective!r}")
-        return out
+        call = spec.make(t.rank, p, inputs[t.rank], op=op if spec.reduces else None, root=root, inplace=inplace)
+        itemsize = cl.nbytes(call.send[:1]) if call.count else 1
+        tuned = {**alg.tuned(p, call.count, itemsize, profile), **(params or {})}
+        call = call._replace(params=tuple(sorted(tuned.items())))
+        if watch:
+            t.watch = spec.shown(call)
+        alg.run(t, call)
+        return spec.output(call)
     return cl, cl.run(fn)

@@ -1,76 +1,77 @@
 """Stall inspector: nothing hangs silently.
 
-Every collective records (call, algorithm, start time) on entry. A daemon thread, started
-at the first call, wakes once a second: when one call has been waiting longer than
-RINGMPI_STALL_WARN seconds (default 60; 0 turns the inspector off) it prints which call on
-which rank, once; past RINGMPI_STALL_ABORT seconds (default: never) it aborts the whole job
-with that message, like Horovod's stall inspector. The usual cause is a rank that skipped
-the collective (inside an `if`) or called another one.
+Every communicator's transport marks the call it is in (`inflight`: what, since when) for
+as long as the call may wait for another rank; the hot path pays two attribute writes. A
+daemon thread, started when the first transport is tracked, looks at every live transport
+about once a second: a call still in flight after RINGMPI_STALL_WARN seconds (default 60;
+0 turns warnings off) is named on stderr once; past RINGMPI_STALL_ABORT seconds (default:
+never) the whole job is aborted with that message, like Horovod's stall inspector. Each
+communicator is watched on its own, so a busy thread on one communicator never hides a
+stuck one on another. The usual cause is a rank that skipped the collective (inside an
+`if`) or called another one.
 """
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
 import threading
 import time
-from typing import Iterator
+import weakref
+from typing import Any
 
-__all__ = ["watch", "enter", "leave", "settings"]
+from .settings import settings
 
-_STATE: dict = {"call": None}
-_THREAD: list = []
+__all__ = ["track", "tracked"]
 
-
-def settings() -> tuple[float, float]:
-    warn = float(os.environ.get("RINGMPI_STALL_WARN", "60") or 0)
-    abort = float(os.environ.get("RINGMPI_STALL_ABORT", "0") or 0)
-    return warn, abort
+_TRACKED: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_THREAD: list[threading.Thread] = []
+_LOCK = threading.Lock()
 
 
-def _watch(warn: float, abort: float, period: float) -> None:
-    warned = None
-    while True:
-        time.sleep(period)
-        cur = _STATE["call"]
-        if cur is None:
-            continue
-        name, t, started = cur
-        waited = time.monotonic() - started
-        where = f"ringmpi: rank {t.rank} of {t.size} has waited {waited:.0f} s in {name}"
-        if abort and waited > abort:
-            sys.stderr.write(f"{where}; aborting the job (RINGMPI_STALL_ABORT={abort:g}). A rank may have "
-                             "skipped this collective or called another one.\n")
-            sys.stderr.flush()
-            t.abort(3)
-        if warn and waited > warn and warned is not cur:
-            warned = cur
-            sys.stderr.write(f"{where} (RINGMPI_STALL_WARN={warn:g}). Did every rank call it with "
-                             "the same arguments? RINGMPI_CHECK=1 compares them.\n")
-            sys.stderr.flush()
-
-
-@contextlib.contextmanager
-def watch(name: str, t) -> Iterator[None]:
-    """The inspector watches the block: a call still inside it after the limits is reported."""
-    enter(name, t)
-    try:
-        yield
-    finally:
-        leave()
-
-
-def enter(name: str, t) -> None:
-    if not _THREAD:
-        warn, abort = settings()
-        if warn or abort:
-            period = max(min(x for x in (warn, abort) if x) / 4, 0.05)
-            th = threading.Thread(target=_watch, args=(warn, abort, min(period, 1.0)),
-                                  name="ringmpi-stall", daemon=True)
+def track(t: Any) -> None:
+    """Watch transport `t` (it has rank, size, abort() and an `inflight` attribute that is
+    None or (label, monotonic start time))."""
+    with _LOCK:
+        _TRACKED.add(t)
+        if not _THREAD:
+            th = threading.Thread(target=_watch, name="ringmpi-stall", daemon=True)
+            _THREAD.append(th)
             th.start()
-        _THREAD.append(True)
-    _STATE["call"] = (name, t, time.monotonic())
 
 
-def leave() -> None:
-    _STATE["call"] = None
+def tracked() -> list[Any]:
+    with _LOCK:
+        return list(_TRACKED)
+
+
+def _period(warn: float, abort: float) -> float:
+    limits = [x for x in (warn, abort) if x]
+    return min(max(min(limits) / 4, 0.05), 1.0) if limits else 1.0
+
+
+def _watch() -> None:
+    warned: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+    while True:
+        try:
+            s = settings()
+        except ValueError:  # an invalid RINGMPI_* value: the calls themselves report it
+            time.sleep(1.0)
+            continue
+        time.sleep(_period(s.stall_warn, s.stall_abort))
+        now = time.monotonic()
+        for t in tracked():
+            cur = t.inflight
+            if cur is None:
+                continue
+            label, started = cur
+            waited = now - started
+            where = f"ringmpi: rank {t.rank} of {t.size} has waited {waited:.0f} s in {label}"
+            if s.stall_abort and waited > s.stall_abort:
+                sys.stderr.write(f"{where}; aborting the job (RINGMPI_STALL_ABORT={s.stall_abort:g}). A rank may "
+                                 "have skipped this collective or called another one.\n")
+                sys.stderr.flush()
+                t.abort(3)
+            if s.stall_warn and waited > s.stall_warn and warned.get(t) != started:
+                warned[t] = started
+                sys.stderr.write(f"{where} (RINGMPI_STALL_WARN={s.stall_warn:g}). Did every rank call it with "
+                                 "the same arguments? RINGMPI_CHECK=1 compares them.\n")
+                sys.stderr.flush()

@@ -8,7 +8,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .. import api
+from .. import collectives as api
+from ..api import group
 
 __all__ = ["partition_indices", "DataParallel", "save_checkpoint", "load_checkpoint"]
 
@@ -44,8 +45,7 @@ class DataParallel:
         self.model, self.comm, self.algorithm = model, comm, algorithm
         self.weighting, self.find_unused = weighting, find_unused_parameters
         self.params: dict[str, np.ndarray] = model.params
-        from ..mpicomm import transport
-        self.t = transport(comm)
+        self.t = group(comm)
         for p in self.params.values():  # every replica starts from rank 0's parameters
             api.broadcast(p, 0, comm=comm, algorithm="auto")
         self.buckets = self._make_buckets(bucket_cap_mb * 1e6, first_bucket_mb * 1e6)

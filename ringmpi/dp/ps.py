@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import api
+from .. import collectives as api
+from ..api import group
 
 __all__ = ["ParameterServer", "async_sgd_study"]
 
 
 class ParameterServer:
     def __init__(self, model, comm=None, server: int = 0, lr: float = 0.1) -> None:
-        from ..mpicomm import transport
         self.model, self.comm, self.server, self.lr = model, comm, server, lr
-        self.t = transport(comm)
+        self.t = group(comm)
         self.names = list(model.params)
         self.flat = np.concatenate([model.params[k].reshape(-1) for k in self.names])
 

@@ -1,73 +1,122 @@
-"""Algorithm registry: every (collective, name) maps to its body and its cost formula.
+"""Algorithm registry: every (collective, name) maps to its body, its cost formula and its
+tunables.
 
-Bodies take a transport first (`ringmpi.mpicomm.MPITransport` or the simulator's
-`VirtualRank`) and flat 1-D buffers; validation has already happened at the API edge.
+A body is `body(t, call)`: `t` a transport (`ringmpi.transport.Transport`: the MPI
+transport or a virtual rank of the simulator), `call` the validated `ringmpi.call.Call`.
+Next to each body its module registers `cost(p, count, itemsize, **params) -> Cost` (the
+alpha-beta-gamma formula of exactly that code) and, where the algorithm has a knob,
+`tune(p, count, itemsize, profile) -> params` (the pipeline's segment count). Modules in
+this package are found and loaded on first use: adding an algorithm is adding a module.
+Every collective also has `mpi`, the MPI library's own (`Transport.native`).
 """
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["COLLECTIVES", "Algorithm", "register", "get", "names", "block_counts", "offsets"]
+from ..call import Call, block_counts, cdiv, lg, offsets
+from ..cost import FREE, Cost, Profile
+from ..transport import Transport
 
-COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
+__all__ = ["Algorithm", "register", "get", "names", "collectives", "block_counts", "offsets",
+           "cdiv", "lg", "binomial"]
+
+NATIVE = "mpi"
 
 
 @dataclass(frozen=True)
 class Algorithm:
     collective: str
     name: str
-    run: Callable
-    cost: Callable | None  # (p, count, itemsize, **params) -> ringmpi.cost.Cost; None: measured only
+    body: Callable[[Transport, Call], None]
+    cost: Callable[..., Cost] | None = None  # None: measured only (the MPI library's own)
+    tune: Callable[[int, int, int, Profile], dict] | None = None
+
+    def run(self, t: Transport, call: Call) -> None:
+        """Run the body; on one rank every collective is a local copy (or nothing)."""
+        if t.size == 1:
+            if not call.inplace and call.recv is not None:
+                t.copy(call.send, call.recv)
+            return
+        self.body(t, call)
+
+    def tuned(self, p: int, count: int, itemsize: int, prof: Profile) -> dict:
+        """The tunables this algorithm picks for the call under `prof` ({} if it has none)."""
+        return self.tune(p, count, itemsize, prof) if self.tune is not None else {}
+
+    def formula(self, p: int, count: int, itemsize: int, **params) -> Cost:
+        if self.cost is None:
+            raise ValueError(f"{self.collective}/{self.name} has no formula (the MPI library's own is measured)")
+        return FREE if p == 1 else self.cost(p, count, itemsize, **params)
+
+    def predict(self, p: int, count: int, itemsize: int, prof: Profile, **params) -> float | None:
+        """Seconds under `prof`, with the tuned parameters unless given; None without a formula."""
+        if self.cost is None:
+            return None
+        return self.formula(p, count, itemsize, **{**self.tuned(p, count, itemsize, prof), **params}).time(prof)
 
 
 _REGISTRY: dict[tuple[str, str], Algorithm] = {}
+_LOADED: list[bool] = []
 
 
-def register(collective: str, name: str, cost: Callable | None = None):
-    def deco(fn: Callable) -> Callable:
-        _REGISTRY[(collective, name)] = Algorithm(collective, name, fn, cost)
+def register(collective: str, name: str, cost: Callable[..., Cost] | None = None,
+             tune: Callable[[int, int, int, Profile], dict] | None = None):
+    """Decorator: register `body(t, call)` as algorithm `name` of `collective`."""
+    def deco(fn: Callable[[Transport, Call], None]) -> Callable[[Transport, Call], None]:
+        _REGISTRY[(collective, name)] = Algorithm(collective, name, fn, cost, tune)
         return fn
     return deco
 
 
-_LOADED = False
+def _native(t: Transport, call: Call) -> None:
+    t.native(call)
 
 
 def _load() -> None:
-    global _LOADED
     if not _LOADED:
-        from . import naive, native, recursive, ring, tree  # noqa: F401  (registration)
-        _LOADED = True
+        _LOADED.append(True)
+        for mod in pkgutil.iter_modules(__path__):
+            importlib.import_module(f"{__name__}.{mod.name}")
+        for coll in collectives():
+            _REGISTRY.setdefault((coll, NATIVE), Algorithm(coll, NATIVE, _native))
+
+
+def collectives() -> list[str]:
+    """Every collective with at least one registered algorithm."""
+    _load()
+    return list(dict.fromkeys(c for c, _ in _REGISTRY))
 
 
 def get(collective: str, name: str) -> Algorithm:
-    try:
-        return _REGISTRY[(collective, name)]
-    except KeyError:
-        _load()
-        if (collective, name) in _REGISTRY:
-            return _REGISTRY[(collective, name)]
+    _load()
+    alg = _REGISTRY.get((collective, name))
+    if alg is None:
         raise ValueError(f"unknown algorithm {name!r} for {collective}; expected one of "
-                         f"{', '.join(names(collective))} or 'auto'") from None
+                         f"{', '.join(names(collective))} or 'auto'")
+    return alg
 
 
 def names(collective: str) -> list[str]:
+    """The algorithms of `collective`, MPI's own last."""
     _load()
-    if collective not in COLLECTIVES:
-        raise ValueError(f"unknown collective {collective!r}; expected one of {', '.join(COLLECTIVES)}")
-    return [n for (c, n) in _REGISTRY if c == collective]
+    found = [n for (c, n) in _REGISTRY if c == collective and n != NATIVE]
+    if not found:
+        raise ValueError(f"unknown collective {collective!r}; expected one of {', '.join(collectives())}")
+    return found + [NATIVE]
 
 
-def block_counts(count: int, p: int) -> list[int]:
-    """Even split: the first count % p blocks hold one element more."""
-    q, r = divmod(count, p)
-    return [q + (i < r) for i in range(p)]
-
-
-def offsets(counts: list[int]) -> list[int]:
-    """Prefix sums, length len(counts)+1: block i is [off[i], off[i+1])."""
-    off = [0]
-    for c in counts:
-        off.append(off[-1] + c)
-    return off
+def binomial(v: int, p: int) -> tuple[int | None, list[int]]:
+    """The binomial tree over relative ranks 0..p-1 rooted at 0, seen from v:
+    (the distance m to its parent v - m, or None at the root; the distances m to its
+    children v + m, largest first). The root's subtree halves each round, so a broadcast
+    sends to the children in this order and a reduce receives from them in reverse."""
+    low = v & -v if v else 1 << lg(p)
+    children, m = [], low >> 1
+    while m:
+        if v + m < p:
+            children.append(m)
+        m >>= 1
+    return (low if v else None), children

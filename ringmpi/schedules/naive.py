@@ -13,11 +13,10 @@ is the parameter server's bottleneck. The root reduces in rank order, one fixed 
 """
 from __future__ import annotations
 
-from . import offsets, register
+from ..cost import Cost
+from . import cdiv, offsets, register
 
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+__all__ = ["fan_in_reduce", "fan_out"]
 
 
 def fan_in_reduce(t, sendbuf, acc, op, root) -> None:
@@ -27,10 +26,6 @@ def fan_in_reduce(t, sendbuf, acc, op, root) -> None:
         t.exchange([(sendbuf, root)], [])
         return
     others = [q for q in range(p) if q != root]
-    if not others:
-        if acc is not sendbuf:
-            acc[...] = sendbuf
-        return
     scratch = t.empty(n * len(others), sendbuf.dtype)
     parts = {q: scratch[i * n:(i + 1) * n] for i, q in enumerate(others)}
     t.exchange([], [(parts[q], q) for q in others])
@@ -42,90 +37,63 @@ def fan_in_reduce(t, sendbuf, acc, op, root) -> None:
 
 
 def fan_out(t, buf, root) -> None:
-    p, r = t.size, t.rank
-    if p == 1:
-        return
-    if r == root:
-        t.exchange([(buf, q) for q in range(p) if q != root], [])
+    if t.rank == root:
+        t.exchange([(buf, q) for q in range(t.size) if q != root], [])
     else:
         t.exchange([], [(buf, root)])
 
 
-def _cost(p, count, itemsize, fan_in, fan_out_bytes, reduce=True):
-    from ..cost import Cost
-    n = count * itemsize
-    if p == 1:
-        return Cost(0, 0, 0, 0, 0, 0)
+def _cost(p, fan_in: float, fan_out_bytes: float, reduced: float) -> Cost:
+    """Fan-in of `fan_in` bytes from every leaf, then fan-out of `fan_out_bytes` to every leaf."""
     a = int(bool(fan_in)) + int(bool(fan_out_bytes))
-    beta = (p - 1) * (fan_in + fan_out_bytes)
     sent_root = (p - 1) * fan_out_bytes
-    sent_leaf = fan_in
-    return Cost(alphas=a, beta_bytes=beta, gamma_bytes=(p - 1) * n if reduce else 0, rounds=a,
-                busiest_sent=max(sent_root, sent_leaf),
-                avg_sent=(sent_root + (p - 1) * sent_leaf) / p)
+    return Cost(alphas=a, beta_bytes=(p - 1) * (fan_in + fan_out_bytes), gamma_bytes=reduced, rounds=a,
+                busiest_sent=max(sent_root, fan_in), avg_sent=(sent_root + (p - 1) * fan_in) / p)
 
 
-@register("allreduce", "naive",
-          lambda p, count, itemsize, **_: _cost(p, count, itemsize, count * itemsize, count * itemsize))
-def allreduce(t, sendbuf, recvbuf, op):
-    fan_in_reduce(t, sendbuf, recvbuf, op, 0)
-    fan_out(t, recvbuf, 0)
+@register("allreduce", "naive", lambda p, count, itemsize, **_: _cost(p, count * itemsize, count * itemsize,
+                                                                      (p - 1) * count * itemsize))
+def allreduce(t, call):
+    fan_in_reduce(t, call.send, call.recv, call.op, 0)
+    fan_out(t, call.recv, 0)
 
 
-@register("reduce", "naive",
-          lambda p, count, itemsize, **_: _cost(p, count, itemsize, count * itemsize, 0))
-def reduce(t, sendbuf, recvbuf, op, root):
-    fan_in_reduce(t, sendbuf, recvbuf, op, root)
+@register("reduce", "naive", lambda p, count, itemsize, **_: _cost(p, count * itemsize, 0, (p - 1) * count * itemsize))
+def reduce(t, call):
+    fan_in_reduce(t, call.send, call.recv, call.op, call.root)
 
 
-@register("broadcast", "naive",
-          lambda p, count, itemsize, **_: _cost(p, count, itemsize, 0, count * itemsize, False))
-def broadcast(t, buf, root, segments):
-    fan_out(t, buf, root)
+@register("broadcast", "naive", lambda p, count, itemsize, **_: _cost(p, 0, count * itemsize, 0))
+def broadcast(t, call):
+    fan_out(t, call.recv, call.root)
 
 
-def _rs_cost(p, count, itemsize, **_):
-    from ..cost import Cost
-    n, b = count * itemsize, _cdiv(count, p) * itemsize
-    if p == 1:
-        return Cost(0, 0, 0, 0, 0, 0)
-    return Cost(alphas=2, beta_bytes=(p - 1) * n + (p - 1) * b, gamma_bytes=(p - 1) * n, rounds=2,
-                busiest_sent=max(n, (p - 1) * b), avg_sent=((p - 1) * n + (p - 1) * b) / p)
-
-
-@register("reduce_scatter", "naive", _rs_cost)
-def reduce_scatter(t, sendbuf, recvbuf, op, counts):
+# reduce-scatter: the root's fan-out sends one block (not the vector) to every leaf
+@register("reduce_scatter", "naive", lambda p, count, itemsize, **_: _cost(
+    p, count * itemsize, cdiv(count, p) * itemsize, (p - 1) * count * itemsize))
+def reduce_scatter(t, call):
     p, r = t.size, t.rank
-    off = offsets(counts)
-    full = t.empty(sendbuf.size, sendbuf.dtype) if r == 0 else None
-    fan_in_reduce(t, sendbuf, full, op, 0)
+    off = offsets(call.counts)
+    full = t.empty(call.count, call.dtype) if r == 0 else None
+    fan_in_reduce(t, call.send, full, call.op, 0)
     if r == 0:
         t.exchange([(full[off[q]:off[q + 1]], q) for q in range(1, p)], [])
-        recvbuf[...] = full[off[0]:off[1]]
-    elif p > 1:
-        t.exchange([], [(recvbuf, 0)])
+        t.copy(full[off[0]:off[1]], call.recv)
+    else:
+        t.exchange([], [(call.recv, 0)])
 
 
-def _ag_cost(p, count, itemsize, **_):
-    from ..cost import Cost
-    n, b = count * itemsize, _cdiv(count, p) * itemsize
-    if p == 1:
-        return Cost(0, 0, 0, 0, 0, 0)
-    return Cost(alphas=2, beta_bytes=(p - 1) * b + (p - 1) * n, gamma_bytes=0, rounds=2,
-                busiest_sent=(p - 1) * n, avg_sent=((p - 1) * b + (p - 1) * n) / p)
-
-
-@register("allgather", "naive", _ag_cost)
-def allgather(t, sendbuf, recvbuf, counts):
-    p, r = t.size, t.rank
-    off = offsets(counts)
-    mine = recvbuf[off[r]:off[r + 1]]
-    if sendbuf is not mine:
-        mine[...] = sendbuf
-    if p == 1:
-        return
+# all-gather: one block in from every leaf, the whole vector out to every leaf
+@register("allgather", "naive", lambda p, count, itemsize, **_: _cost(
+    p, cdiv(count, p) * itemsize, count * itemsize, 0))
+def allgather(t, call):
+    r = t.rank
+    off = offsets(call.counts)
+    mine = call.recv[off[r]:off[r + 1]]
+    if not call.inplace:
+        t.copy(call.send, mine)
     if r == 0:
-        t.exchange([], [(recvbuf[off[q]:off[q + 1]], q) for q in range(1, p)])
+        t.exchange([], [(call.recv[off[q]:off[q + 1]], q) for q in range(1, t.size)])
     else:
         t.exchange([(mine, 0)], [])
-    fan_out(t, recvbuf, 0)
+    fan_out(t, call.recv, 0)

@@ -20,116 +20,88 @@ Scatter + all-gather broadcast: binomial scatter of p blocks, then ring all-gath
 """
 from __future__ import annotations
 
-from . import block_counts, offsets, register
+from ..cost import Cost
+from . import binomial, block_counts, cdiv, lg, offsets, register
 from .ring import allgather_phase
 
 
-def _lg(p: int) -> int:
-    return (p - 1).bit_length()
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _fold(p: int):
+def _fold(p: int) -> tuple[int, int]:
     """(p', q): the power-of-two part and the number of folded pairs."""
     pp = 1 << (p.bit_length() - 1)
     return pp, p - pp
 
 
-def _fold_in(t, src, acc, op):
-    """Fold step; returns (new rank among p', real-rank map) or (None, map) for idle ranks."""
+def _fold_extra(p: int, n: int) -> tuple[int, int, int, int]:
+    """What the fold adds when p is no power of two: (alphas, beta bytes, gamma bytes,
+    bytes sent by the busiest rank)."""
+    return (2, 2 * n, n, n) if _fold(p)[1] else (0, 0, 0, 0)
+
+
+def _folded(t, call, body) -> None:
+    """Fold to p' = 2^k ranks, run body(v, real, p', src) on them (v: rank among p',
+    real(v): its real rank, src: this rank's input, already folded into call.recv where a
+    pair folded), and send the result back to the folded-away ranks."""
     p, r = t.size, t.rank
     pp, q = _fold(p)
 
     def real(v: int) -> int:
         return 2 * v + 1 if v < q else v + q
+    src = call.send
     if r < 2 * q:
-        if r % 2 == 0:
-            t.sendrecv(src, r + 1, None, None)
-            return None, real
-        tmp = t.empty(src.size, src.dtype)
+        if r % 2 == 0:  # hands its vector to r+1 and waits for the result
+            t.sendrecv(call.send, r + 1, None, None)
+            t.sendrecv(None, None, call.recv, r + 1)
+            return
+        tmp = t.empty(call.count, call.dtype)
         t.sendrecv(None, None, tmp, r - 1)
-        t.combine(op, tmp, src, acc)
-        return r // 2, real
-    return r - q, real
-
-
-def _fold_out(t, buf):
-    r = t.rank
-    _, q = _fold(t.size)
+        t.combine(call.op, tmp, call.send, call.recv)
+        src = call.recv
+    body(r // 2 if r < 2 * q else r - q, real, pp, src)
     if r < 2 * q:
-        if r % 2 == 0:
-            t.sendrecv(None, None, buf, r + 1)
-        else:
-            t.sendrecv(buf, r - 1, None, None)
-
-
-def _fold_cost(p, n, reduce=True):
-    """Extra (alphas, beta bytes, gamma bytes) of the fold when p is no power of two."""
-    pp, q = _fold(p)
-    return (2, 2 * n, n if reduce else 0) if q else (0, 0, 0)
+        t.sendrecv(call.recv, r - 1, None, None)
 
 
 def _rd_cost(p, count, itemsize, **_):
-    from ..cost import Cost
     n = count * itemsize
     pp, q = _fold(p)
-    L = _lg(pp)
-    fa, fb, fg = _fold_cost(p, n)
+    L = lg(pp)
+    fa, fb, fg, fs = _fold_extra(p, n)
     return Cost(alphas=L + fa, beta_bytes=L * n + fb, gamma_bytes=L * n + fg, rounds=L + fa,
-                busiest_sent=L * n + (n if q else 0),
-                avg_sent=(pp * L * n + 2 * q * n) / p)
-
-
-def _folded(t, sendbuf, recvbuf, op, body) -> None:
-    """p = 1: copy. Otherwise fold to p' = 2^k ranks, run body(v, real, p', src) on them
-    (src: this rank's input, already folded), and send the result back to the folded ranks."""
-    if t.size == 1:
-        if recvbuf is not sendbuf:
-            recvbuf[...] = sendbuf
-        return
-    v, real = _fold_in(t, sendbuf, recvbuf, op)
-    if v is not None:
-        pp, q = _fold(t.size)
-        body(v, real, pp, recvbuf if t.rank < 2 * q else sendbuf)
-    _fold_out(t, recvbuf)
+                busiest_sent=L * n + fs, avg_sent=(pp * L * n + 2 * q * n) / p)
 
 
 @register("allreduce", "recursive_doubling", _rd_cost)
-def allreduce_recursive_doubling(t, sendbuf, recvbuf, op):
+def allreduce_recursive_doubling(t, call):
     def body(v, real, pp, src):
-        tmp = t.empty(sendbuf.size, sendbuf.dtype)
+        tmp = t.empty(call.count, call.dtype)
         m = 1
         while m < pp:
             t.sendrecv(src, real(v ^ m), tmp, real(v ^ m))
             # both partners compute lower-rank-data op higher-rank-data: complex multiply
             # with FMA is not bitwise commutative, and every rank must end with the same bits
-            t.combine(op, *((src, tmp) if v < v ^ m else (tmp, src)), recvbuf)
-            src = recvbuf
+            t.combine(call.op, *((src, tmp) if v < v ^ m else (tmp, src)), call.recv)
+            src = call.recv
             m <<= 1
-    _folded(t, sendbuf, recvbuf, op, body)
+    _folded(t, call, body)
 
 
 def _rab_cost(p, count, itemsize, **_):
-    from ..cost import Cost
-    n = count * itemsize
     pp, q = _fold(p)
-    L = _lg(pp)
-    b = _cdiv(count, pp) * itemsize
-    fa, fb, fg = _fold_cost(p, n)
+    L = lg(pp)
+    b = cdiv(count, pp) * itemsize
+    fa, fb, fg, fs = _fold_extra(p, count * itemsize)
     sent = 2 * (pp - 1) * b
-    return Cost(alphas=2 * L + fa, beta_bytes=2 * (pp - 1) * b + fb,
-                gamma_bytes=(pp - 1) * b + fg, rounds=2 * L + fa,
-                busiest_sent=sent + (n if q else 0), avg_sent=(pp * sent + 2 * q * n) / p)
+    return Cost(alphas=2 * L + fa, beta_bytes=sent + fb, gamma_bytes=(pp - 1) * b + fg, rounds=2 * L + fa,
+                busiest_sent=sent + fs, avg_sent=(pp * sent + 2 * q * count * itemsize) / p)
 
 
 @register("allreduce", "rabenseifner", _rab_cost)
-def allreduce_rabenseifner(t, sendbuf, recvbuf, op):
+def allreduce_rabenseifner(t, call):
+    recv = call.recv
+
     def body(v, real, pp, src):
-        off = offsets(block_counts(sendbuf.size, pp))
-        tmp = t.empty(max(off[pp // 2], off[-1] - off[pp // 2]), sendbuf.dtype)
+        off = offsets(block_counts(call.count, pp))
+        tmp = t.empty(max(off[pp // 2], off[-1] - off[pp // 2]), call.dtype)
         lo, hi = 0, pp
         m = pp >> 1
         while m:  # recursive halving: keep the half that holds block v
@@ -138,49 +110,45 @@ def allreduce_rabenseifner(t, sendbuf, recvbuf, op):
             k0, k1 = off[keep[0]], off[keep[1]]
             got = tmp[:k1 - k0]
             t.sendrecv(src[off[give[0]]:off[give[1]]], real(v ^ m), got, real(v ^ m))
-            t.combine(op, got, src[k0:k1], recvbuf[k0:k1])
-            src = recvbuf
+            t.combine(call.op, got, src[k0:k1], recv[k0:k1])
+            src = recv
             lo, hi = keep
             m >>= 1
         m = 1
         while m < pp:  # recursive doubling all-gather of the reduced blocks
             base = v & ~(m - 1)
             other = base ^ m
-            t.sendrecv(recvbuf[off[base]:off[base + m]], real(v ^ m),
-                       recvbuf[off[other]:off[other + m]], real(v ^ m))
+            t.sendrecv(recv[off[base]:off[base + m]], real(v ^ m), recv[off[other]:off[other + m]], real(v ^ m))
             m <<= 1
-    _folded(t, sendbuf, recvbuf, op, body)
+    _folded(t, call, body)
 
 
 def _ag_cost(p, count, itemsize, **_):
-    from ..cost import Cost
-    b = _cdiv(count, p) * itemsize
-    L = _lg(p)
+    b = cdiv(count, p) * itemsize
+    L = lg(p)
     return Cost(alphas=L, beta_bytes=(p - 1) * b, gamma_bytes=0, rounds=L,
                 busiest_sent=(p - 1) * b, avg_sent=(p - 1) * b)
 
 
 @register("allgather", "recursive_doubling", _ag_cost)
-def allgather_recursive_doubling(t, sendbuf, recvbuf, counts):
+def allgather_recursive_doubling(t, call):
     p, r = t.size, t.rank
+    counts, recv = call.counts, call.recv
     off = offsets(counts)
-    mine = recvbuf[off[r]:off[r + 1]]
     if p & (p - 1) == 0:
-        if sendbuf is not mine:
-            mine[...] = sendbuf
+        if not call.inplace:
+            t.copy(call.send, recv[off[r]:off[r + 1]])
         m = 1
         while m < p:
             base = r & ~(m - 1)
             other = base ^ m
-            t.sendrecv(recvbuf[off[base]:off[base + m]], r ^ m,
-                       recvbuf[off[other]:off[other + m]], r ^ m)
+            t.sendrecv(recv[off[base]:off[base + m]], r ^ m, recv[off[other]:off[other + m]], r ^ m)
             m <<= 1
         return
     # Bruck: position j of the rotated buffer holds block (r + j) mod p.
-    rot_counts = [counts[(r + j) % p] for j in range(p)]
-    roff = offsets(rot_counts)
-    rot = t.empty(roff[-1], recvbuf.dtype)
-    rot[:roff[1]] = sendbuf
+    roff = offsets([counts[(r + j) % p] for j in range(p)])
+    rot = t.empty(roff[-1], call.dtype)
+    t.copy(call.send, rot[:roff[1]])
     k = 1
     while k < p:
         m = min(k, p - k)
@@ -188,16 +156,13 @@ def allgather_recursive_doubling(t, sendbuf, recvbuf, counts):
         k <<= 1
     # unrotate: rotated positions [0, p-r) are blocks r..p-1, the rest blocks 0..r-1
     split = roff[p - r]
-    recvbuf[off[r]:] = rot[:split]
-    recvbuf[:off[r]] = rot[split:]
+    t.copy(rot[:split], recv[off[r]:])
+    t.copy(rot[split:], recv[:off[r]])
 
 
 def _sag_cost(p, count, itemsize, **_):
-    from ..cost import Cost
-    b = _cdiv(count, p) * itemsize
-    L = _lg(p)
-    if p == 1:
-        return Cost(0, 0, 0, 0, 0, 0)
+    b = cdiv(count, p) * itemsize
+    L = lg(p)
     # binomial scatter: the root sends (p-1) blocks down its subtrees (critical path);
     # then the ring all-gather sends p-1 blocks from every rank.
     scattered = sum(min(v + (v & -v), p) - v for v in range(1, p))  # blocks moved by the scatter
@@ -206,21 +171,13 @@ def _sag_cost(p, count, itemsize, **_):
 
 
 @register("broadcast", "scatter_allgather", _sag_cost)
-def broadcast_scatter_allgather(t, buf, root, segments):
-    p = t.size
-    if p == 1:
-        return
-    off = offsets(block_counts(buf.size, p))
-    v = (t.rank - root) % p
-    m = 1
-    while m < p:  # binomial scatter: relative rank v receives blocks [v, v + lowbit(v))
-        if v & m:
-            t.sendrecv(None, None, buf[off[v]:off[min(v + m, p)]], (t.rank - m) % p)
-            break
-        m <<= 1
-    m >>= 1
-    while m > 0:
-        if v + m < p:
-            t.sendrecv(buf[off[v + m]:off[min(v + 2 * m, p)]], (t.rank + m) % p, None, None)
-        m >>= 1
-    allgather_phase(t, buf, off, own=v, pos=v, base=root)
+def broadcast_scatter_allgather(t, call):
+    p, buf = t.size, call.recv
+    off = offsets(block_counts(call.count, p))
+    v = (t.rank - call.root) % p
+    parent, children = binomial(v, p)
+    if parent is not None:  # relative rank v receives blocks [v, v + lowbit(v))
+        t.sendrecv(None, None, buf[off[v]:off[min(v + parent, p)]], (t.rank - parent) % p)
+    for m in children:
+        t.sendrecv(buf[off[v + m]:off[min(v + 2 * m, p)]], (t.rank + m) % p, None, None)
+    allgather_phase(t, buf, off, own=v, pos=v, base=call.root)

@@ -21,16 +21,15 @@ Pipelined broadcast along the chain root -> root+1 -> ... with the buffer cut in
 relative rank v receives segment s at step s+v-1 and forwards it at step s+v, so
 
     T_pipeline = (p - 2 + S)(alpha + n/S beta)       (S = 1: the plain chain, (p-1)(alpha + n beta))
+
+S is the algorithm's tunable: S* = sqrt((p-2) n beta / alpha) minimises it (`tune`).
 """
 from __future__ import annotations
 
-from . import block_counts, offsets, register
+from ..cost import Cost, best_segments
+from . import block_counts, cdiv, offsets, register
 
-__all__ = ["reduce_scatter_phase", "allgather_phase"]
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+__all__ = ["reduce_scatter_phase", "allgather_phase", "segment_counts"]
 
 
 def reduce_scatter_phase(t, src, off, op, out_for, shift: int = 0) -> int:
@@ -68,67 +67,49 @@ def allgather_phase(t, buf, off, own: int, pos: int | None = None, base: int = 0
         t.sendrecv(buf[off[s]:off[s + 1]], right, buf[off[c]:off[c + 1]], left)
 
 
-def _allreduce_cost(p, count, itemsize, **_):
-    from ..cost import Cost
-    b = _cdiv(count, p) * itemsize
-    return Cost(alphas=2 * (p - 1), beta_bytes=2 * (p - 1) * b, gamma_bytes=(p - 1) * b,
-                rounds=2 * (p - 1), busiest_sent=2 * (p - 1) * b, avg_sent=2 * (p - 1) * b)
+def _rounds_cost(p, count, itemsize, phases: int, reduce: bool) -> Cost:
+    """`phases` ring phases of p-1 rounds, each round one block of ceil(n/p) on every link."""
+    b = cdiv(count, p) * itemsize
+    k = phases * (p - 1)
+    return Cost(alphas=k, beta_bytes=k * b, gamma_bytes=(p - 1) * b if reduce else 0,
+                rounds=k, busiest_sent=k * b, avg_sent=k * b)
 
 
-@register("allreduce", "ring", _allreduce_cost)
-def allreduce(t, sendbuf, recvbuf, op):
+@register("allreduce", "ring", lambda p, count, itemsize, **_: _rounds_cost(p, count, itemsize, 2, True))
+def allreduce(t, call):
+    off = offsets(block_counts(call.count, t.size))
+    recv = call.recv
+    own = reduce_scatter_phase(t, call.send, off, call.op, lambda i, c: recv[off[c]:off[c + 1]])
+    allgather_phase(t, recv, off, own)
+
+
+@register("reduce_scatter", "ring", lambda p, count, itemsize, **_: _rounds_cost(p, count, itemsize, 1, True))
+def reduce_scatter(t, call):
     p = t.size
-    if p == 1:
-        if sendbuf is not recvbuf:
-            recvbuf[...] = sendbuf
-        return
-    off = offsets(block_counts(sendbuf.size, p))
-    own = reduce_scatter_phase(t, sendbuf, off, op, lambda i, c: recvbuf[off[c]:off[c + 1]])
-    allgather_phase(t, recvbuf, off, own)
-
-
-def _half_cost(p, count, itemsize, reduce):
-    from ..cost import Cost
-    b = _cdiv(count, p) * itemsize
-    return Cost(alphas=p - 1, beta_bytes=(p - 1) * b, gamma_bytes=(p - 1) * b if reduce else 0,
-                rounds=p - 1, busiest_sent=(p - 1) * b, avg_sent=(p - 1) * b)
-
-
-@register("reduce_scatter", "ring", lambda p, count, itemsize, **_: _half_cost(p, count, itemsize, True))
-def reduce_scatter(t, sendbuf, recvbuf, op, counts):
-    p, r = t.size, t.rank
-    off = offsets(counts)
-    if p == 1:
-        if recvbuf is not sendbuf:
-            recvbuf[...] = sendbuf
-        return
+    counts = call.counts
     # Two scratch blocks alternate as "just reduced" and "being reduced"; the last round
-    # reduces straight into recvbuf, so memory stays O(n/p) beyond the user's buffers.
+    # reduces straight into recv, so memory stays O(n/p) beyond the user's buffers.
     width = max(counts)
-    work = [t.empty(width, sendbuf.dtype), t.empty(width, sendbuf.dtype)]
+    work = [t.empty(width, call.dtype), t.empty(width, call.dtype)]
 
     def out_for(i, c):
-        return recvbuf if i == p - 2 else work[i % 2][:counts[c]]
-    own = reduce_scatter_phase(t, sendbuf, off, op, out_for, shift=-1)
-    assert own == r
+        return call.recv if i == p - 2 else work[i % 2][:counts[c]]
+    own = reduce_scatter_phase(t, call.send, offsets(counts), call.op, out_for, shift=-1)
+    assert own == t.rank
 
 
-@register("allgather", "ring", lambda p, count, itemsize, **_: _half_cost(p, count, itemsize, False))
-def allgather(t, sendbuf, recvbuf, counts):
-    off = offsets(counts)
+@register("allgather", "ring", lambda p, count, itemsize, **_: _rounds_cost(p, count, itemsize, 1, False))
+def allgather(t, call):
+    off = offsets(call.counts)
     r = t.rank
-    mine = recvbuf[off[r]:off[r + 1]]
-    if sendbuf is not mine:
-        mine[...] = sendbuf
-    allgather_phase(t, recvbuf, off, r)
+    if not call.inplace:
+        t.copy(call.send, call.recv[off[r]:off[r + 1]])
+    allgather_phase(t, call.recv, off, r)
 
 
 def _reduce_cost(p, count, itemsize, **_):
-    from ..cost import Cost
-    if p == 1:
-        return Cost(0, 0, 0, 0, 0, 0)
-    b = _cdiv(count, p) * itemsize
-    rs = _half_cost(p, count, itemsize, True)
+    b = cdiv(count, p) * itemsize
+    rs = _rounds_cost(p, count, itemsize, 1, True)
     # then the p-1 reduced blocks converge on the root at once
     return Cost(alphas=rs.alphas + 1, beta_bytes=rs.beta_bytes + (p - 1) * b,
                 gamma_bytes=rs.gamma_bytes, rounds=p, busiest_sent=rs.busiest_sent + b,
@@ -136,24 +117,17 @@ def _reduce_cost(p, count, itemsize, **_):
 
 
 @register("reduce", "ring", _reduce_cost)
-def reduce(t, sendbuf, recvbuf, op, root):
+def reduce(t, call):
     """Ring reduce-scatter, then every rank sends its reduced block to the root."""
-    p, r = t.size, t.rank
-    if p == 1:
-        if recvbuf is not sendbuf:
-            recvbuf[...] = sendbuf
-        return
-    counts = block_counts(sendbuf.size, p)
+    p, r, root = t.size, t.rank, call.root
+    counts = block_counts(call.count, p)
     off = offsets(counts)
+    mine = t.empty(counts[r], call.dtype)
+    reduce_scatter(t, call._replace(recv=mine, counts=tuple(counts), inplace=False))
     if r == root:
-        mine = t.empty(counts[r], sendbuf.dtype)
-        reduce_scatter(t, sendbuf, mine, op, counts)
-        recvs = [(recvbuf[off[q]:off[q + 1]], q) for q in range(p) if q != root]
-        t.exchange([], recvs)
-        recvbuf[off[r]:off[r + 1]] = mine
+        t.exchange([], [(call.recv[off[q]:off[q + 1]], q) for q in range(p) if q != root])
+        t.copy(mine, call.recv[off[r]:off[r + 1]])
     else:
-        mine = t.empty(counts[r], sendbuf.dtype)
-        reduce_scatter(t, sendbuf, mine, op, counts)
         t.exchange([(mine, root)], [])
 
 
@@ -162,24 +136,24 @@ def segment_counts(count: int, segments: int) -> list[int]:
 
 
 def _pipeline_cost(p, count, itemsize, segments=1, **_):
-    from ..cost import Cost
     segs = len(segment_counts(count, segments))
-    seg = _cdiv(count, segs) * itemsize
-    steps = p - 2 + segs if p > 1 else 0
+    seg = cdiv(count, segs) * itemsize
+    steps = p - 2 + segs
     return Cost(alphas=steps, beta_bytes=steps * seg, gamma_bytes=0, rounds=steps,
-                busiest_sent=count * itemsize if p > 1 else 0,
-                avg_sent=count * itemsize * (p - 1) / p)
+                busiest_sent=count * itemsize, avg_sent=count * itemsize * (p - 1) / p)
 
 
-@register("broadcast", "pipeline", _pipeline_cost)
-def broadcast(t, buf, root, segments):
-    p = t.size
-    if p == 1:
-        return
-    v = (t.rank - root) % p
+def _pipeline_tune(p, count, itemsize, prof) -> dict:
+    return {"segments": best_segments(p, count * itemsize, prof.alpha, prof.beta, max(count, 1))[0]}
+
+
+@register("broadcast", "pipeline", _pipeline_cost, _pipeline_tune)
+def broadcast(t, call):
+    p, buf = t.size, call.recv
+    v = (t.rank - call.root) % p
     right = (t.rank + 1) % p if v < p - 1 else None
     left = (t.rank - 1) % p if v > 0 else None
-    off = offsets(segment_counts(buf.size, segments))
+    off = offsets(segment_counts(buf.size, call.param("segments", 1)))
     nseg = len(off) - 1
     # step k: forward segment k-v (received last step), receive segment k-v+1
     for k in range(max(v - 1, 0), v + nseg):

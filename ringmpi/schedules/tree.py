@@ -14,73 +14,58 @@ Few rounds, but the whole buffer crosses every edge: latency-friendly, bandwidth
 """
 from __future__ import annotations
 
-from . import register
+from ..cost import Cost
+from . import binomial, lg, register
 
-
-def _lg(p: int) -> int:
-    return (p - 1).bit_length()
+__all__ = ["binomial_reduce", "binomial_broadcast"]
 
 
 def _cost(p, count, itemsize, reduce_part, bcast_part):
-    from ..cost import Cost
-    n, L = count * itemsize, _lg(p)
+    n, L = count * itemsize, lg(p)
     k = reduce_part + bcast_part
     return Cost(alphas=k * L, beta_bytes=k * L * n, gamma_bytes=L * n if reduce_part else 0,
-                rounds=k * L, busiest_sent=(L * n if bcast_part else n) if p > 1 else 0,
+                rounds=k * L, busiest_sent=L * n if bcast_part else n,
                 avg_sent=k * (p - 1) * n / p)
 
 
-def binomial_reduce(t, sendbuf, acc, op, root) -> bool:
-    """Reduce into `acc` on the root; True where `acc` holds data (interior nodes and root)."""
+def binomial_reduce(t, sendbuf, acc, op, root) -> None:
+    """Reduce every rank's `sendbuf` into `acc` on the root (`acc` is scratch elsewhere)."""
     p = t.size
     v = (t.rank - root) % p
-    tmp = None
-    holding = False
-    m = 1
-    while m < p:
-        if v & m:
-            t.sendrecv(acc if holding else sendbuf, (t.rank - m) % p, None, None)
-            return holding
-        if v + m < p:
-            if tmp is None:
-                tmp = t.empty(sendbuf.size, sendbuf.dtype)
+    parent, children = binomial(v, p)
+    src = sendbuf
+    if children:
+        tmp = t.empty(sendbuf.size, sendbuf.dtype)
+        for m in reversed(children):
             t.sendrecv(None, None, tmp, (t.rank + m) % p)
-            t.combine(op, tmp, acc if holding else sendbuf, acc)
-            holding = True
-        m <<= 1
-    if not holding and acc is not sendbuf:  # p == 1
-        acc[...] = sendbuf
-    return True
+            t.combine(op, tmp, src, acc)
+            src = acc
+    if parent is not None:
+        t.sendrecv(src, (t.rank - parent) % p, None, None)
 
 
 def binomial_broadcast(t, buf, root) -> None:
     p = t.size
     v = (t.rank - root) % p
-    m = 1
-    while m < p:
-        if v & m:
-            t.sendrecv(None, None, buf, (t.rank - m) % p)
-            break
-        m <<= 1
-    m >>= 1
-    while m > 0:
-        if v + m < p:
-            t.sendrecv(buf, (t.rank + m) % p, None, None)
-        m >>= 1
+    parent, children = binomial(v, p)
+    if parent is not None:
+        t.sendrecv(None, None, buf, (t.rank - parent) % p)
+    for m in children:
+        t.sendrecv(buf, (t.rank + m) % p, None, None)
 
 
 @register("broadcast", "tree", lambda p, count, itemsize, **_: _cost(p, count, itemsize, 0, 1))
-def broadcast(t, buf, root, segments):
-    binomial_broadcast(t, buf, root)
+def broadcast(t, call):
+    binomial_broadcast(t, call.recv, call.root)
 
 
 @register("reduce", "tree", lambda p, count, itemsize, **_: _cost(p, count, itemsize, 1, 0))
-def reduce(t, sendbuf, recvbuf, op, root):
-    acc = recvbuf if t.rank == root else t.empty(sendbuf.size, sendbuf.dtype)
-    binomial_reduce(t, sendbuf, acc, op, root)
+def reduce(t, call):
+    acc = call.recv if t.rank == call.root else t.empty(call.count, call.dtype)
+    binomial_reduce(t, call.send, acc, call.op, call.root)
 
 
 @register("allreduce", "tree", lambda p, count, itemsize, **_: _cost(p, count, itemsize, 1, 1))
-def allreduce(t, sendbuf, recvbuf, op):
-    binomial_reduce(t, sendbuf, recvbuf, op, 0)
-    binomial_broadcast(t, recvbuf, 0)
+def allreduce(t, call):
+    binomial_reduce(t, call.send, call.recv, call.op, 0)
+    binomial_broadcast(t, call.recv, 0)

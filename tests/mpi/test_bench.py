@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from ringmpi import auto, schedules
-from ringmpi.cli import main
+from ringmpi import auto, schedules, settings
+from ringmpi.collectives import SPECS
+from ringmpi.tools.cli import main
 
 COMM = MPI.COMM_WORLD
 P, R = COMM.size, COMM.rank
@@ -27,9 +28,9 @@ def shared_dir():
 def keep_profile():
     from ringmpi.mpicomm import transport
     t = transport()
-    saved = getattr(t, "_ringmpi_profile", None)
+    saved = t.profile
     yield
-    t._ringmpi_profile = saved
+    auto.set_profile(t, saved) if saved is not None else setattr(t, "profile", None)
 
 
 def test_bench_report(shared_dir, capsys):
@@ -43,9 +44,9 @@ def test_bench_report(shared_dir, capsys):
         rows = data["rows"]
         assert data["banner"]["ranks"] == P and "Open MPI" in data["banner"]["mpi_library"] or \
             "MPICH" in data["banner"]["mpi_library"] or data["banner"]["mpi_library"]
-        assert {r["collective"] for r in rows} == set(schedules.COLLECTIVES)
+        assert {r["collective"] for r in rows} == set(SPECS)
         assert all(r["wrong"] == 0 for r in rows)
-        for coll in schedules.COLLECTIVES:
+        for coll in SPECS:
             algs = {r["algorithm"] for r in rows if r["collective"] == coll}
             assert algs == set(schedules.names(coll)), coll  # MPI's own always included
         ring = [r for r in rows if r["collective"] == "allreduce" and r["algorithm"] == "ring" and r["placement"] == "out"]
@@ -55,7 +56,7 @@ def test_bench_report(shared_dir, capsys):
             assert r["sent_bytes"] == expect * 4
             assert r["busbw"] == pytest.approx(r["algbw"] * 2 * (P - 1) / P)
             assert r["ratio_mpi"] > 0
-        assert len(data["auto"]) == len(schedules.COLLECTIVES) * 3
+        assert len(data["auto"]) == len(SPECS) * 3
         for f in ("report.md", "bench.csv", "profile.json", "bench.json"):
             data_bytes = (shared_dir / "r" / f).read_bytes()
             assert data_bytes and b"\x00" not in data_bytes and b"\\u0000" not in data_bytes, f  # text, not binary
@@ -66,12 +67,12 @@ def test_wrong_results_are_counted_and_fail_the_run(shared_dir, monkeypatch, cap
     """A deliberately broken algorithm must show up in #wrong and the exit status."""
     real = schedules.get("allreduce", "ring")
 
-    def broken(t, sendbuf, recvbuf, op):
-        real.run(t, sendbuf, recvbuf, op)
-        if t.rank == 0 and recvbuf.size:
-            recvbuf[0] += 1
-    monkeypatch.setitem(schedules._REGISTRY, ("allreduce", "ring"),
-                        schedules.Algorithm("allreduce", "ring", broken, real.cost))
+    class Broken(schedules.Algorithm):
+        def run(self, t, call):
+            super().run(t, call)
+            if t.rank == 0 and call.recv.size:
+                call.recv[0] += 1
+    monkeypatch.setitem(schedules._REGISTRY, ("allreduce", "ring"), Broken("allreduce", "ring", real.body, real.cost))
     rc = main(["bench", *ARGS, "-C", "allreduce", "-A", "ring", "--no-save-profile", "--quiet"])
     assert COMM.allgather(rc) == [1] * P
     if R == 0:
@@ -80,6 +81,7 @@ def test_wrong_results_are_counted_and_fail_the_run(shared_dir, monkeypatch, cap
 
 def test_calibrate_saves_profile_that_auto_loads(shared_dir, monkeypatch):
     monkeypatch.setenv("RINGMPI_PROFILE", str(shared_dir))
+    settings.reload()
     rc = main(["calibrate", "-b", "1K", "-e", "64K", "-f", "8", "-C", "allreduce,broadcast"])
     assert rc == 0
     path = shared_dir / f"profile-p{P}.json"
@@ -88,12 +90,14 @@ def test_calibrate_saves_profile_that_auto_loads(shared_dir, monkeypatch):
     COMM.barrier()
     from ringmpi.mpicomm import transport
     t = transport()
-    t._ringmpi_profile = None  # reload from disk through rank 0 + broadcast
-    prof = auto.active_profile(t)
+    t.profile = None  # reload from disk through rank 0 + broadcast
+    prof = auto.profile_of(t)
     assert prof.world_size == P and prof.measured["allreduce"]["mpi"]
     x = np.ones(1000, np.float32)
     from ringmpi import allreduce
     assert np.all(allreduce(x) == P)
+    monkeypatch.undo()
+    settings.reload()
 
 
 def test_average_mode_json_and_bands(shared_dir, capsys):

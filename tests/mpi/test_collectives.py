@@ -182,7 +182,29 @@ def test_reduce(algorithm, dtype, rng):
                     assert np.array_equal(y, x), what + ": non-root buffer modified"
 
 
-@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"])
+@pytest.mark.parametrize("dtype", ["int32", "float64", "complex64", "uint8", "bool"])
+@pytest.mark.parametrize("algorithm", algos("alltoall"))
+def test_alltoall(algorithm, dtype, rng):
+    """Against MPI_Alltoall: blocks of 0, 1, 2, p+1 and 7 elements, out of place, in place,
+    and shaped (p, b) buffers whose row q goes to rank q."""
+    for b in sorted({0, 1, 2, P + 1, 7}):
+        x = make_data(rng, dtype, b * P, "SUM" if dtype != "bool" else "LOR")
+        keep = x.copy()
+        ref = np.empty_like(x)
+        COMM.Alltoall(x, ref)
+        what = f"alltoall/{algorithm} {dtype} b={b}"
+        out = ringmpi.alltoall(x, algorithm=algorithm)
+        assert np.array_equal(x, keep), what + ": sendbuf modified"
+        assert np.array_equal(out, ref), what
+        y = x.copy()
+        assert ringmpi.alltoall(y, y, algorithm=algorithm) is y
+        assert np.array_equal(y, ref), what + " in place"
+        rows = x.reshape(P, b)
+        got = ringmpi.alltoall(rows, algorithm=algorithm)
+        assert got.shape == (P, b) and np.array_equal(got.reshape(-1), ref), what + " shaped (p, b)"
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall"])
 def test_large_count(collective, rng):
     """1,000,003 float64 elements through every algorithm (not divisible by any p > 1)."""
     n = 1_000_003
@@ -201,6 +223,11 @@ def test_large_count(collective, rng):
             y = x.copy()
             ringmpi.broadcast(y, root=P // 2, algorithm=alg)
             assert np.array_equal(y, COMM.bcast(x, P // 2)), alg
+        elif collective == "alltoall":
+            z = x[:n // P * P]
+            ref = np.empty_like(z)
+            COMM.Alltoall(z, ref)
+            assert np.array_equal(ringmpi.alltoall(z, algorithm=alg), ref), alg
         else:
             part = x[:1000 + R]
             counts = [1000 + q for q in range(P)]

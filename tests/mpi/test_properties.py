@@ -22,7 +22,7 @@ def data(seed: int, n: int, dtype: str) -> np.ndarray:
 
 
 @LOCKSTEP
-@given(collective=st.sampled_from(["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"]),
+@given(collective=st.sampled_from(["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall"]),
        n=st.integers(0, 3 * P + 40), dtype=st.sampled_from(["int32", "int64", "float32", "float64"]),
        root=st.integers(0, 63), seed=st.integers(0, 2**31), segments=st.integers(1, 9),
        algorithm_index=st.integers(0, 10))
@@ -45,6 +45,11 @@ def test_any_collective_matches_mpi(collective, n, dtype, root, seed, segments, 
         counts = COMM.allgather(part.size)
         ref = np.concatenate(COMM.allgather(part))
         assert np.array_equal(ringmpi.allgather(part, algorithm=alg, counts=counts), ref)
+    elif collective == "alltoall":
+        z = x[:n // P * P]
+        ref = np.empty_like(z)
+        COMM.Alltoall(z, ref)
+        assert np.array_equal(ringmpi.alltoall(z, algorithm=alg), ref)
     elif collective == "broadcast":
         y = x.copy()
         ringmpi.broadcast(y, root, algorithm=alg, segments=segments)

@@ -11,6 +11,7 @@ import pytest
 from mpi4py import MPI
 
 import ringmpi
+from ringmpi import settings
 from ringmpi.mpicomm import transport
 
 COMM = MPI.COMM_WORLD
@@ -44,12 +45,13 @@ X = np.arange(12, dtype=np.float64)
     (lambda: ringmpi.allreduce(X, op="median"), ["unknown reduction op"]),
     (lambda: ringmpi.allreduce(X.astype(np.float16)), ["dtype float16"]),
     (lambda: ringmpi.allreduce([1.0, 2.0]), ["expected a numpy.ndarray, got builtins.list"]),
+    (lambda: ringmpi.alltoall(np.arange(P * 3.0), np.empty(P * 3 + 1)), [f"recvbuf has {P * 3 + 1} elements"]),
     (lambda: ringmpi.allreduce(X, algorithm="butterfly"), ["unknown algorithm 'butterfly' for allreduce"]),
     (lambda: ringmpi.allreduce(X, X[2:]), ["recvbuf has 10 elements"]),
     (lambda: ringmpi.broadcast(X.copy(), root=P), ["root must be an integer in [0,", f"got {P}"]),
     (lambda: ringmpi.broadcast(X.copy(), root=-1), ["root must be"]),
-    (lambda: ringmpi.broadcast(X.copy(), segments=0, algorithm="pipeline"), ["segments must be a positive integer"]),
-    (lambda: ringmpi.broadcast(X.copy(), segments=2.5), ["segments must be a positive integer"]),
+    (lambda: ringmpi.broadcast(X.copy(), segments=0, algorithm="pipeline"), ["segments must be an integer >= 1"]),
+    (lambda: ringmpi.broadcast(X.copy(), segments=2.5), ["segments must be an integer >= 1, got 2.5"]),
     (lambda: ringmpi.broadcast(np.arange(3.0)[::-1]), ["C-contiguous"]),
     (lambda: ringmpi.reduce(X, root=P + 3), ["root must be"]),
     (lambda: ringmpi.reduce_scatter(X, counts=[1] * (P + 1)), ["counts must hold", f"{P} non-negative"]),
@@ -62,6 +64,12 @@ X = np.arange(12, dtype=np.float64)
 def test_bad_input(case):
     fn, patterns = case
     raises_before_sending(fn, *patterns)
+
+
+@pytest.mark.skipif(P == 1, reason="every size is a multiple of one rank")
+def test_alltoall_needs_whole_blocks():
+    raises_before_sending(lambda: ringmpi.alltoall(np.arange(P * 3 + 1.0)),
+                          f"sendbuf has {P * 3 + 1} elements, expected a multiple of {P} (one block per rank)")
 
 
 def test_readonly_recvbuf():
@@ -79,15 +87,20 @@ def test_user_defined_op_rejected():
 
 
 def test_bad_comm():
-    with pytest.raises(TypeError, match="intracommunicator"):
+    with pytest.raises(ringmpi.RingmpiUsageError, match="ringmpi.allreduce.*intracommunicator"):
         ringmpi.allreduce(X, comm="world")
 
 
-def test_forced_algorithm_and_debug(monkeypatch, capsys):
+@pytest.fixture
+def env():
+    """Settings read from a given environment; the real one restored afterwards."""
+    yield lambda **kw: settings.reload({f"RINGMPI_{k}": v for k, v in kw.items()})
+    settings.reload()
+
+
+def test_forced_algorithm_and_debug(env, capsys):
     """RINGMPI_ALGO forces a choice (like NCCL_ALGO); RINGMPI_DEBUG=INFO explains it."""
-    monkeypatch.setenv("RINGMPI_ALGO", "allreduce=tree,broadcast=naive")
-    monkeypatch.setenv("RINGMPI_DEBUG", "INFO")
-    monkeypatch.setattr("ringmpi.auto.ENV", {})  # empty: the next auto call rereads the environment
+    env(ALGO="allreduce=tree,broadcast=naive", DEBUG="INFO")
     out = ringmpi.allreduce(X)
     ref = np.empty_like(X)
     COMM.Allreduce(X, ref)
@@ -138,10 +151,10 @@ def test_one_transport_per_communicator():
 
 
 @pytest.mark.skipif(P == 1, reason="needs two ranks to disagree")
-def test_check_mode_catches_mismatched_calls(monkeypatch):
+def test_check_mode_catches_mismatched_calls(env):
     """RINGMPI_CHECK=1: a rank with another length, dtype or forced algorithm makes every
     rank raise the same clear error, instead of a hang or a silently wrong tail."""
-    monkeypatch.setattr("ringmpi.auto.ENV", {"algo": "", "debug": "", "check": "1"})
+    env(CHECK="1")
     ok = ringmpi.allreduce(np.ones(8), algorithm="ring")
     assert np.all(ok == P)
     x = np.ones(8 + (R == P - 1))
@@ -149,9 +162,8 @@ def test_check_mode_catches_mismatched_calls(monkeypatch):
         ringmpi.allreduce(x, algorithm="ring")
     with pytest.raises(ringmpi.RingmpiUsageError, match="ranks disagree"):
         ringmpi.allgather(np.ones(3 + (R == 0)), algorithm="ring")
-    monkeypatch.setattr("ringmpi.auto.ENV", {"algo": "tree" if R == 0 else "ring", "debug": "", "check": "1"})
     with pytest.raises(ringmpi.RingmpiUsageError, match="ranks disagree"):
-        ringmpi.broadcast(np.ones(4), 0)
+        ringmpi.broadcast(np.ones(4), 0, algorithm="tree" if R == 0 else "ring")
 
 
 @pytest.mark.skipif(P != 1, reason="spawns its own 2-rank jobs; run once")

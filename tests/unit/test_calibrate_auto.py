@@ -7,13 +7,17 @@ import types
 import numpy as np
 import pytest
 
-from ringmpi import auto
-from ringmpi.bench import exact_input, parse_nccl_size
+from ringmpi import auto, settings
 from ringmpi.calibrate import Sample, fit_profile, fit_quality, nnls
-from ringmpi.cli import parse_rate, parse_size, parse_time
-from ringmpi.cost import Profile, cost
+from ringmpi.call import Call
+from ringmpi.collectives import SPECS
+from ringmpi.cost import Profile
+from ringmpi.model import cost
 from ringmpi.ops import OPS
 from ringmpi.schedules import names
+from ringmpi.tools.bench import exact_input
+from ringmpi.transport import LRU
+from ringmpi.units import human_bytes, parse_rate, parse_size, parse_time, size_label
 
 
 def synthetic(prof: Profile, p: int):
@@ -57,50 +61,69 @@ def test_p2p_samples_and_tuning_table():
 
 
 def fake_transport(prof, size=4):
-    t = types.SimpleNamespace(rank=0, size=size)
+    """The per-communicator state auto keeps (a transport's `profile` and `choices`)."""
+    t = types.SimpleNamespace(rank=0, size=size, profile=None, choices=LRU(8))
     auto.set_profile(t, prof)
     return t
 
 
-def test_auto_interpolates_measurements_and_keeps_mpi_within_margin(monkeypatch):
-    monkeypatch.setattr(auto, "ENV", {"algo": "", "debug": ""})
+def choose(t, collective, count, itemsize=4):
+    dtype = np.dtype(f"f{itemsize}")
+    return auto.choose(t, Call(SPECS[collective], np.empty(0, dtype), None, count))["algorithm"]
+
+
+@pytest.fixture(autouse=True)
+def plain_settings():
+    settings.reload({})
+    yield
+    settings.reload()
+
+
+def test_auto_interpolates_measurements_and_keeps_mpi_within_margin():
     base = Profile(alpha=5e-6, beta=1 / 5e9, gamma=0, overhead=0)
     meas = {"allreduce": {"mpi": [[4, 10e-6], [4000, 20e-6]], "ring": [[4, 9.5e-6], [4000, 10e-6]]}}
     prof = Profile(**{**vars(base), "measured": meas, "world_size": 4})
     t = fake_transport(prof)
     assert auto.predict_time("allreduce", "mpi", 4, 1000, 4, prof) == pytest.approx(20e-6)
     # at 1 element ring is 5% faster than mpi: not enough, mpi is kept
-    assert auto.choose("allreduce", t, 1, 4) == "mpi"
+    assert choose(t, "allreduce", 1) == "mpi"
     # at 1000 elements ring is measured 2x faster
-    assert auto.choose("allreduce", t, 1000, 4) == "ring"
+    assert choose(t, "allreduce", 1000) == "ring"
     # outside the measured range the formula decides (ring is bandwidth optimal here)
     big = {a: auto.predict_time("allreduce", a, 4, 1 << 24, 4, prof) for a in names("allreduce")}
     assert big["ring"] == pytest.approx(cost("allreduce", "ring", 4, 1 << 24, 4).time(prof))
 
 
-def test_auto_cache_is_per_profile(monkeypatch):
-    """A choice made under one profile is never served under another (even if Python reuses
-    the first profile's id for the second)."""
-    monkeypatch.setattr(auto, "ENV", {"algo": "", "debug": ""})
+def test_auto_cache_is_per_profile():
+    """A choice made under one profile is never served under another."""
     meas_fast_mpi = {"allreduce": {"mpi": [[1, 1e-6], [1 << 20, 1e-5]]}}
     meas_slow_mpi = {"allreduce": {"mpi": [[1, 1.0], [1 << 20, 1.0]]}}
     net = dict(alpha=1e-6, beta=1e-10, world_size=4)
     t = fake_transport(Profile(**net, measured=meas_fast_mpi))
-    first = auto.choose("allreduce", t, 1 << 16, 4)
+    first = choose(t, "allreduce", 1 << 16)
     auto.set_profile(t, Profile(**net, measured=meas_slow_mpi))
-    second = auto.choose("allreduce", t, 1 << 16, 4)
+    second = choose(t, "allreduce", 1 << 16)
     assert first == "mpi"
     assert first != second
-    assert auto.LAST["choice"]["algorithm"] == second
 
 
-def test_forced_algorithm(monkeypatch):
-    monkeypatch.setattr(auto, "ENV", {"algo": "broadcast=tree,ring", "debug": ""})
+def test_choice_cache_is_bounded():
     t = fake_transport(Profile(alpha=1e-6, beta=1e-9))
-    assert auto.choose("broadcast", t, 10, 4) == "tree"
-    assert auto.choose("allreduce", t, 10, 4) == "ring"
-    assert auto.choose("allgather", t, 10, 4) == "ring"
-    assert auto.choose("reduce", t, 10, 4) == "ring"
+    for n in range(100):
+        choose(t, "allreduce", n)
+    assert len(t.choices) == t.choices.maxsize == 8
+
+
+def test_forced_algorithm():
+    settings.reload({"RINGMPI_ALGO": "broadcast=tree,ring"})
+    t = fake_transport(Profile(alpha=1e-6, beta=1e-9))
+    assert choose(t, "broadcast", 10) == "tree"
+    assert choose(t, "allreduce", 10) == "ring"
+    assert choose(t, "allgather", 10) == "ring"
+    assert choose(t, "reduce", 10) == "ring"
+    settings.reload({"RINGMPI_ALGO": "allreduce=bogus"})
+    with pytest.raises(ValueError, match="unknown algorithm 'bogus' for allreduce"):
+        choose(t, "allreduce", 10)
 
 
 def test_profile_roundtrip(tmp_path):
@@ -111,10 +134,17 @@ def test_profile_roundtrip(tmp_path):
 
 
 def test_units():
-    assert parse_size("64MB") == 64_000_000 and parse_size("256KiB") == 262_144 and parse_size("10") == 10
+    """One size parser everywhere: binary multiples as nccl-tests (K = KB = KiB = 1024);
+    decimal sizes are written as numbers; rates are decimal GB/s as in nccl-tests' columns."""
+    assert parse_size("1K") == parse_size("1KB") == parse_size("1KiB") == 1024
+    assert parse_size("64MB") == parse_size("64M") == 64 << 20 and parse_size("256KiB") == 262_144
+    assert parse_size("10") == 10 and parse_size("64e6") == 64_000_000 and parse_size("1.5K") == 1536
+    for bad in ("1X", "-5", "abc", "", "0.5"):
+        with pytest.raises(ValueError):
+            parse_size(bad)
     assert parse_time("5us") == pytest.approx(5e-6) and parse_time("20ms") == pytest.approx(0.02)
-    assert parse_rate("25GB/s") == 25e9
-    assert parse_nccl_size("1K") == 1024 and parse_nccl_size("16M") == 1 << 24 and parse_nccl_size("8") == 8
+    assert parse_rate("25GB/s") == 25e9 and parse_rate("1Gbit/s") == 1.25e8
+    assert human_bytes(65536) == "64 KiB" and size_label(1 << 24) == "16M" and size_label(1536) == "1.5K"
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int8", "int32", "uint16", "complex64"])

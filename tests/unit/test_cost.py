@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from ringmpi import cost
-from ringmpi.cost import LECTURE, Profile, best_segments, crossover, dp_step, pipeline_time, predict
+from ringmpi import cost, model
+from ringmpi.cost import LECTURE, Profile, best_segments, pipeline_time
+from ringmpi.model import crossover, dp_step, predict
 
 
 def test_pipelined_broadcast_best_segments():
@@ -35,7 +36,7 @@ def test_algorithm_ranking_and_crossovers():
 def test_exercise_5_ring_allreduce():
     prof = Profile(alpha=10e-6, beta=1 / 25e9)
     assert predict("allreduce", "ring", 16, 10**9, prof) == pytest.approx(75.3e-3, rel=1e-9)
-    latency = cost.cost("allreduce", "ring", 16, 10**9).alphas * prof.alpha
+    latency = model.cost("allreduce", "ring", 16, 10**9).alphas * prof.alpha
     assert latency == pytest.approx(0.3e-3)
 
 
@@ -77,6 +78,6 @@ def test_scale_estimates():
 @pytest.mark.parametrize("p", [2, 3, 4, 5, 8, 16, 64])
 def test_ring_traffic_is_bandwidth_optimal(p):
     """Every rank sends 2(p-1)/p N: busiest = average, independent of p (section 3.2)."""
-    c = cost.cost("allreduce", "ring", p, 256 * 1024 * p)
+    c = model.cost("allreduce", "ring", p, 256 * 1024 * p)
     assert c.busiest_sent == c.avg_sent == 2 * (p - 1) * 256 * 1024
     assert c.rounds == 2 * (p - 1)

@@ -1,0 +1,72 @@
+"""The record of one collective call, and the block layout every schedule shares.
+
+A `Call` is what the API edge (or a harness: the simulator, the benchmark) hands an
+algorithm body after validation: flat 1-D buffers and the call's arguments. Bodies read
+it and never see user-facing arguments (shapes, `None` receive buffers, MPI objects).
+
+    collective  the collective's spec (`ringmpi.collectives.Collective`)
+    send, recv  flat buffers; `recv is None` where a rank gets no result (reduce off-root)
+    count       the n of the cost formula: elements of the whole vector (all-gather: of the
+                result; all-to-all: of one rank's send buffer)
+    op          reduction op name ("SUM", ...) or None
+    root        root rank (0 where the collective has none)
+    counts      block sizes, one per rank (reduce-scatter, all-gather, all-to-all) or ()
+    inplace     the result overwrites the input (MPI_IN_PLACE semantics of the collective)
+    params      algorithm tunables, e.g. (("segments", 16),): filled by the algorithm's
+                `tune` hook unless the caller gave them
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+__all__ = ["Call", "block_counts", "offsets", "cdiv", "lg"]
+
+
+class Call(NamedTuple):
+    collective: Any
+    send: Any
+    recv: Any
+    count: int
+    op: str | None = None
+    root: int = 0
+    counts: tuple = ()
+    inplace: bool = False
+    params: tuple = ()
+
+    def param(self, name: str, default: Any = None) -> Any:
+        for k, v in self.params:
+            if k == name:
+                return v
+        return default
+
+    @property
+    def dtype(self) -> Any:
+        return self.send.dtype if self.send is not None else self.recv.dtype
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+
+def block_counts(count: int, p: int) -> list[int]:
+    """Even split of `count` elements into p blocks: the first count % p hold one more."""
+    q, r = divmod(count, p)
+    return [q + (i < r) for i in range(p)]
+
+
+def offsets(counts: list[int] | tuple) -> list[int]:
+    """Prefix sums, length len(counts)+1: block i is [off[i], off[i+1])."""
+    off = [0]
+    for c in counts:
+        off.append(off[-1] + c)
+    return off
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for non-negative integers: the largest block of an even split."""
+    return -(-a // b)
+
+
+def lg(p: int) -> int:
+    """ceil(log2 p): rounds of a binomial tree or of recursive doubling over p ranks."""
+    return (p - 1).bit_length()

@@ -1,0 +1,440 @@
+"""The collectives: one spec each (what is true whatever the algorithm) and its public call.
+
+A spec (`Collective`, the nccl-tests plug-in idea) tells every layer what it needs:
+
+    prepare(edge, ...)      the API edge: validate the user's arguments, build the `Call`
+    nccl_count / size       the benchmark's count column and bytes (per rank or whole vector)
+    busbw_factor(p)         nccl-tests' bus bandwidth factor
+    make(rank, p, x, ...)   a harness call (simulator, benchmark, demo) from this rank's input x
+    expected(xs, rank, ..)  the exact result on `rank` from every rank's input (numpy)
+    invoke(call, ...)       the public function on a harness call (what users run)
+    mpi(t, call)            the MPI library's own collective, through `Group.library`
+
+Adding a collective is a spec here plus a schedule module in `ringmpi/schedules/`.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from .api import Edge, execute, group
+from .call import Call, block_counts, offsets
+from .ops import OPS
+from .transport import IN_PLACE
+
+#: the public calls (re-exported by `ringmpi`); the specs are `SPECS` and `spec(name)`
+__all__ = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "shift"]
+
+
+def _fold(op: str, arrays: Sequence[np.ndarray]) -> np.ndarray:
+    acc = np.array(arrays[0], copy=True)
+    for a in arrays[1:]:
+        OPS[op](acc, a, out=acc)
+    return acc
+
+
+def _blank(n: int, dtype: Any) -> np.ndarray:
+    """A buffer whose old contents must not matter (zeros; None for symbolic data)."""
+    return np.full(n, None, dtype=object) if np.dtype(dtype).kind == "O" else np.zeros(n, dtype)
+
+
+def _result(recvbuf: Any, flat: np.ndarray, shape: tuple) -> Any:
+    return recvbuf if recvbuf is not None else flat.reshape(shape)
+
+
+class Collective:
+    """What is true of a collective whatever the algorithm (override per collective)."""
+    name = ""
+    reduces = False          # combines data with an op
+    rooted = False           # has a root argument
+    per_rank = False         # nccl-tests: the count column is per rank (size = count x nranks)
+    busbw = "1"              # nccl-tests' bus bandwidth factor, as printed
+    simulated_native = ""    # the algorithm the simulator runs for "mpi" (the library's choice is opaque)
+    taught = ""              # the algorithm the lecture's tables show
+    has_out_of_place = True
+
+    def busbw_factor(self, p: int) -> float:
+        return 1.0
+
+    def nccl_count(self, nbytes: int, itemsize: int, p: int) -> int:
+        return nbytes // itemsize // (p if self.per_rank else 1)
+
+    def size(self, count: int, itemsize: int, p: int) -> int:
+        """Bytes of the whole vector for `count` in the count column (algbw = size / time)."""
+        return count * itemsize * (p if self.per_rank else 1)
+
+    def input_count(self, count: int, p: int) -> int:
+        """Elements of each rank's input for `count` in the count column."""
+        return count
+
+    def prepare(self, e: Edge, **args: Any) -> tuple[Call, Any]:
+        raise NotImplementedError
+
+    def make(self, rank: int, p: int, x: np.ndarray, *, op: str | None = None, root: int = 0,
+             inplace: bool = False) -> Call:
+        raise NotImplementedError
+
+    def expected(self, xs: Sequence[np.ndarray], rank: int, op: str | None = None, root: int = 0) -> np.ndarray | None:
+        raise NotImplementedError
+
+    def output(self, call: Call) -> Any:
+        return call.recv
+
+    def shown(self, call: Call) -> Any:
+        """The buffer the simulator's symbolic tables print after every round."""
+        return call.recv if call.recv is not None else call.send
+
+    def invoke(self, call: Call, comm: Any = None, algorithm: str = "auto") -> Any:
+        raise NotImplementedError
+
+    def mpi(self, t: Any, call: Call) -> None:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<collective {self.name}>"
+
+
+class _Allreduce(Collective):
+    name, reduces, busbw, simulated_native, taught = "allreduce", True, "2(n-1)/n", "rabenseifner", "ring"
+
+    def busbw_factor(self, p):
+        return 2 * (p - 1) / p
+
+    def prepare(self, e, sendbuf, recvbuf, op):
+        inplace = recvbuf is not None and recvbuf is sendbuf
+        send = e.array("sendbuf", sendbuf, writable=inplace)
+        opn = e.op(op, send.dtype)
+        recv = send if inplace else e.recv(recvbuf, send, send.size)
+        return Call(self, send, recv, send.size, opn, inplace=inplace), _result(recvbuf, recv, sendbuf.shape)
+
+    def make(self, rank, p, x, *, op=None, root=0, inplace=False):
+        send = x.copy()
+        return Call(self, send, send if inplace else _blank(x.size, x.dtype), x.size, op, inplace=inplace)
+
+    def expected(self, xs, rank, op=None, root=0):
+        return _fold(op, xs)
+
+    def invoke(self, call, comm=None, algorithm="auto"):
+        return allreduce(call.send, call.recv, op=call.op, comm=comm, algorithm=algorithm)
+
+    def mpi(self, t, call):
+        t.library("Allreduce", IN_PLACE if call.inplace else call.send, call.recv, call.op)
+
+
+class _ReduceScatter(Collective):
+    name, reduces, per_rank, busbw, simulated_native, taught = \
+        "reduce_scatter", True, True, "(n-1)/n", "ring", "ring"
+
+    def busbw_factor(self, p):
+        return (p - 1) / p
+
+    def input_count(self, count, p):
+        return count * p
+
+    def prepare(self, e, sendbuf, recvbuf, op, counts):
+        inplace = recvbuf is not None and recvbuf is sendbuf
+        send = e.array("sendbuf", sendbuf, writable=inplace)
+        opn = e.op(op, send.dtype)
+        c = tuple(block_counts(send.size, e.t.size)) if counts is None else e.counts(counts, send.size)
+        r = e.t.rank
+        if inplace:
+            off = offsets(c)
+            recv = send[off[r]:off[r + 1]]
+            return Call(self, send, recv, send.size, opn, counts=c, inplace=True), recv
+        recv = e.recv(recvbuf, send, c[r])
+        return Call(self, send, recv, send.size, opn, counts=c), _result(recvbuf, recv, (c[r],))
+
+    def make(self, rank, p, x, *, op=None, root=0, inplace=False):
+        c = tuple(block_counts(x.size, p))
+        off = offsets(c)
+        send = x.copy()
+        recv = send[off[rank]:off[rank + 1]] if inplace else _blank(c[rank], x.dtype)
+        return Call(self, send, recv, x.size, op, counts=c, inplace=inplace)
+
+    def expected(self, xs, rank, op=None, root=0):
+        off = offsets(block_counts(xs[0].size, len(xs)))
+        return _fold(op, xs)[off[rank]:off[rank + 1]]
+
+    def shown(self, call):
+        return call.send if call.inplace else call.recv
+
+    def invoke(self, call, comm=None, algorithm="auto"):
+        recv = call.send if call.inplace else call.recv
+        return reduce_scatter(call.send, recv, op=call.op, comm=comm, algorithm=algorithm, counts=call.counts)
+
+    def mpi(self, t, call):
+        # MPI's in-place form leaves the result at the front of the buffer, ours at block r;
+        # an empty block still carries the buffer's address, which MPICH rejects as aliased.
+        alias = call.inplace or (call.recv.size == 0 and call.send.size > 0)
+        out = t.empty(call.recv.size, call.dtype) if alias else call.recv
+        t.library("Reduce_scatter", call.send, out, list(call.counts), call.op)
+        if out is not call.recv:
+            t.copy(out, call.recv)
+
+
+class _Allgather(Collective):
+    name, per_rank, busbw, simulated_native, taught = "allgather", True, "(n-1)/n", "recursive_doubling", "ring"
+
+    def busbw_factor(self, p):
+        return (p - 1) / p
+
+    def prepare(self, e, sendbuf, recvbuf, counts):
+        p, r = e.t.size, e.t.rank
+        inplace = recvbuf is not None and recvbuf is sendbuf
+        buf = e.array("sendbuf", sendbuf, writable=inplace)
+        if counts is not None:
+            c = e.counts(counts)
+        elif inplace:
+            if buf.size % p:
+                e.fail(f"in-place buffer has {buf.size} elements, expected a multiple of {p} "
+                       "(pass counts= for uneven blocks)")
+            c = (buf.size // p,) * p
+        else:
+            c = (buf.size,) * p
+        off = offsets(c)
+        if inplace:
+            if buf.size != off[-1]:
+                e.fail(f"in-place buffer has {buf.size} elements, expected sum(counts) = {off[-1]}")
+            return Call(self, buf[off[r]:off[r + 1]], buf, off[-1], counts=c, inplace=True), recvbuf
+        if buf.size != c[r]:
+            e.fail(f"sendbuf has {buf.size} elements, expected counts[{r}] = {c[r]}")
+        recv = e.recv(recvbuf, buf, off[-1])
+        return Call(self, buf, recv, off[-1], counts=c), _result(recvbuf, recv, (off[-1],))
+
+    def make(self, rank, p, x, *, op=None, root=0, inplace=False):
+        n = x.size
+        recv = _blank(n * p, x.dtype)
+        if inplace:
+            recv[rank * n:(rank + 1) * n] = x
+            return Call(self, recv[rank * n:(rank + 1) * n], recv, n * p, counts=(n,) * p, inplace=True)
+        return Call(self, x.copy(), recv, n * p, counts=(n,) * p)
+
+    def expected(self, xs, rank, op=None, root=0):
+        return np.concatenate(xs)
+
+    def invoke(self, call, comm=None, algorithm="auto"):
+        send = call.recv if call.inplace else call.send
+        return allgather(send, call.recv, comm=comm, algorithm=algorithm, counts=call.counts)
+
+    def mpi(self, t, call):
+        displs = offsets(call.counts)[:-1]
+        t.library("Allgatherv", IN_PLACE if call.inplace else call.send, [call.recv, (list(call.counts), displs)])
+
+
+class _Broadcast(Collective):
+    name, rooted, simulated_native, taught, has_out_of_place = "broadcast", True, "tree", "pipeline", False
+
+    def prepare(self, e, buf, root, segments):
+        flat = e.array("buf", buf, writable=True)
+        root = e.root(root)
+        params = () if segments is None else (("segments", e.integer("segments", segments, 1)),)
+        return Call(self, flat, flat, flat.size, None, root, inplace=True, params=params), buf
+
+    def make(self, rank, p, x, *, op=None, root=0, inplace=True):
+        buf = x.copy() if rank == root else _blank(x.size, x.dtype)
+        return Call(self, buf, buf, x.size, None, root, inplace=True)
+
+    def expected(self, xs, rank, op=None, root=0):
+        return xs[root]
+
+    def invoke(self, call, comm=None, algorithm="auto"):
+        return broadcast(call.recv, call.root, comm=comm, algorithm=algorithm, segments=call.param("segments"))
+
+    def mpi(self, t, call):
+        t.library("Bcast", call.recv, call.root)
+
+
+class _Reduce(Collective):
+    name, reduces, rooted, simulated_native, taught = "reduce", True, True, "tree", "ring"
+
+    def prepare(self, e, sendbuf, recvbuf, root, op):
+        root = e.root(root)
+        at_root = e.t.rank == root
+        inplace = at_root and recvbuf is not None and recvbuf is sendbuf
+        send = e.array("sendbuf", sendbuf, writable=inplace)
+        opn = e.op(op, send.dtype)
+        if not at_root:
+            return Call(self, send, None, send.size, opn, root), None
+        recv = send if inplace else e.recv(recvbuf, send, send.size)
+        return Call(self, send, recv, send.size, opn, root, inplace=inplace), _result(recvbuf, recv, sendbuf.shape)
+
+    def make(self, rank, p, x, *, op=None, root=0, inplace=False):
+        send = x.copy()
+        recv = (send if inplace else _blank(x.size, x.dtype)) if rank == root else None
+        return Call(self, send, recv, x.size, op, root, inplace=inplace and rank == root)
+
+    def expected(self, xs, rank, op=None, root=0):
+        return _fold(op, xs) if rank == root else None
+
+    def invoke(self, call, comm=None, algorithm="auto"):
+        return reduce(call.send, call.recv, call.root, op=call.op, comm=comm, algorithm=algorithm)
+
+    def mpi(self, t, call):
+        if call.inplace:
+            t.library("Reduce", IN_PLACE, call.recv, call.op, call.root)
+        else:
+            t.library("Reduce", call.send, call.recv, call.op, call.root)
+
+
+class _Alltoall(Collective):
+    name, busbw, simulated_native, taught = "alltoall", "(n-1)/n", "pairwise", "pairwise"
+
+    def busbw_factor(self, p):
+        return (p - 1) / p
+
+    def nccl_count(self, nbytes, itemsize, p):
+        return nbytes // itemsize // p * p  # whole blocks: one per rank
+
+    def prepare(self, e, sendbuf, recvbuf):
+        p = e.t.size
+        inplace = recvbuf is not None and recvbuf is sendbuf
+        send = e.array("sendbuf", sendbuf, writable=inplace)
+        if send.size % p:
+            e.fail(f"sendbuf has {send.size} elements, expected a multiple of {p} (one block per rank)")
+        recv = send if inplace else e.recv(recvbuf, send, send.size)
+        call = Call(self, send, recv, send.size, counts=(send.size // p,) * p, inplace=inplace)
+        return call, _result(recvbuf, recv, sendbuf.shape)
+
+    def make(self, rank, p, x, *, op=None, root=0, inplace=False):
+        send = x.copy()
+        recv = send if inplace else _blank(x.size, x.dtype)
+        return Call(self, send, recv, x.size, counts=(x.size // p,) * p, inplace=inplace)
+
+    def expected(self, xs, rank, op=None, root=0):
+        b = xs[0].size // len(xs)
+        return np.concatenate([x[rank * b:(rank + 1) * b] for x in xs])
+
+    def invoke(self, call, comm=None, algorithm="auto"):
+        return alltoall(call.send, call.recv, comm=comm, algorithm=algorithm)
+
+    def mpi(self, t, call):
+        t.library("Alltoall", IN_PLACE if call.inplace else call.send, call.recv)
+
+
+SPECS: dict[str, Collective] = {s.name: s for s in (_Allreduce(), _ReduceScatter(), _Allgather(), _Broadcast(),
+                                                     _Reduce(), _Alltoall())}
+_ALLREDUCE, _REDUCE_SCATTER, _ALLGATHER, _BROADCAST, _REDUCE, _ALLTOALL = SPECS.values()
+
+
+def spec(name: str) -> Collective:
+    """The spec of collective `name` (ValueError naming the valid ones otherwise)."""
+    try:
+        return SPECS[name]
+    except KeyError:
+        raise ValueError(f"unknown collective {name!r}; expected one of {', '.join(SPECS)}") from None
+
+
+# -- the public calls ------------------------------------------------------------------------
+
+def allreduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any = "sum",
+              comm: Any = None, algorithm: str = "auto") -> np.ndarray:
+    """Reduce `sendbuf` over all ranks; every rank gets the same result, bit for bit.
+
+    Parameters:
+        sendbuf: this rank's contribution (any shape, C-contiguous, a dtype MPI has).
+        recvbuf: where the result goes (same size and dtype); None allocates a new array
+            shaped like `sendbuf`; `recvbuf is sendbuf` works in place (MPI_IN_PLACE).
+        op: "sum", "prod", "max", "min", "land", "lor", "lxor", "band", "bor", "bxor", or
+            MPI's predefined op (MPI.SUM, ...).
+        comm: an mpi4py intracommunicator (COMM_WORLD when None).
+        algorithm: "ring", "naive", "tree", "recursive_doubling", "rabenseifner", "mpi" (the
+            library's own) or "auto" (the lowest predicted time; RINGMPI_ALGO forces one).
+
+    Returns the result array (`recvbuf` when given).
+    Raises RingmpiUsageError naming the call and the rank when an argument is wrong, before
+    any message is sent.
+
+    Example (mpirun -n 4):
+        >>> s = ringmpi.allreduce(np.arange(3.0), algorithm="ring")   # [0, 4, 8] on every rank
+    """
+    return execute(_ALLREDUCE, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, op=op))
+
+
+def reduce_scatter(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any = "sum",
+                   comm: Any = None, algorithm: str = "auto",
+                   counts: Sequence[int] | None = None) -> np.ndarray:
+    """Reduce over all ranks and leave block r of the result on rank r.
+
+    Blocks follow `counts` (one non-negative integer per rank, adding up to len(sendbuf));
+    the default splits evenly, the first len % p blocks one element longer. In place
+    (`recvbuf is sendbuf`) the result is written into block r of the buffer and that block
+    (a view) is returned. Algorithms: "ring", "naive", "mpi", "auto". Other parameters and
+    errors as in `allreduce`.
+
+    Example (mpirun -n 2):
+        >>> ringmpi.reduce_scatter(np.ones(4))      # [2., 2.] on both ranks
+    """
+    return execute(_REDUCE_SCATTER, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, op=op, counts=counts))
+
+
+def allgather(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, comm: Any = None,
+              algorithm: str = "auto", counts: Sequence[int] | None = None) -> np.ndarray:
+    """Concatenate every rank's `sendbuf` in rank order, on every rank.
+
+    `counts` gives per-rank block sizes (default: every rank sends len(sendbuf)). In place
+    (`recvbuf is sendbuf`) the buffer holds the whole result and block r is this rank's
+    input. Algorithms: "ring", "naive", "recursive_doubling" (Bruck when p is not a power
+    of two), "mpi", "auto".
+
+    Example (mpirun -n 2):
+        >>> ringmpi.allgather(np.array([rank]))     # [0, 1] on both ranks
+    """
+    return execute(_ALLGATHER, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, counts=counts))
+
+
+def broadcast(buf: np.ndarray, root: int = 0, *, comm: Any = None, algorithm: str = "auto",
+              segments: int | None = None) -> np.ndarray:
+    """Copy the root's `buf` into `buf` on every rank (in place, like MPI_Bcast); returns `buf`.
+
+    Algorithms: "pipeline" (the segmented chain: `segments` pieces, default the S that
+    minimises (p-2+S)(alpha + n/(S B)) under the active profile), "tree", "naive",
+    "scatter_allgather", "mpi", "auto".
+
+    Example:
+        >>> ringmpi.broadcast(weights, root=0, algorithm="pipeline", segments=16)
+    """
+    return execute(_BROADCAST, comm, algorithm, dict(buf=buf, root=root, segments=segments))
+
+
+def reduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, root: int = 0, *,
+           op: Any = "sum", comm: Any = None, algorithm: str = "auto") -> np.ndarray | None:
+    """Reduce over all ranks onto `root`; returns the result there and None elsewhere.
+
+    `recvbuf` matters on the root only (`recvbuf is sendbuf`: in place). Algorithms:
+    "ring" (reduce-scatter, then the blocks to the root), "tree", "naive", "mpi", "auto".
+    """
+    return execute(_REDUCE, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, root=root, op=op))
+
+
+def alltoall(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, comm: Any = None,
+             algorithm: str = "auto") -> np.ndarray:
+    """Block q of this rank's `sendbuf` goes to rank q; block q of the result came from rank q.
+
+    `sendbuf` holds p equal blocks (its size a multiple of p; e.g. shape (p, ...)). In place:
+    `recvbuf is sendbuf`. Algorithms: "pairwise" (p-1 rounds), "bruck" (ceil(lg p) rounds,
+    for small blocks), "naive" (everything posted at once), "mpi", "auto".
+
+    Example (mpirun -n 2):
+        >>> ringmpi.alltoall(np.array([10 * rank, 10 * rank + 1]))   # rank 0: [0, 10]; rank 1: [1, 11]
+    """
+    return execute(_ALLTOALL, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf))
+
+
+def shift(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, offset: int = 1,
+          comm: Any = None) -> np.ndarray:
+    """One ring round: send to rank+offset, receive from rank-offset (one MPI_Sendrecv)."""
+    t = group(comm)
+    e = Edge("shift", t)
+    send = e.array("sendbuf", sendbuf)
+    offset = e.integer("offset", offset, -(1 << 62))
+    if recvbuf is sendbuf:
+        e.fail("shift cannot run in place; pass a separate recvbuf")
+    recv = e.recv(recvbuf, send, send.size)
+    p, r = t.size, t.rank
+    t.begin("shift")
+    try:
+        t.sendrecv(send, (r + offset) % p, recv, (r - offset) % p)
+    finally:
+        t.end()
+    return _result(recvbuf, recv, sendbuf.shape)

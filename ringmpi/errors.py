@@ -1,0 +1,14 @@
+"""The exceptions ringmpi raises (a leaf: every layer may import it)."""
+from __future__ import annotations
+
+__all__ = ["RingmpiUsageError", "RingmpiError"]
+
+
+class RingmpiUsageError(ValueError):
+    """Bad arguments or settings, found before any message is sent. The message names the
+    call and the rank: ``ringmpi.allreduce (rank 2 of 4): recvbuf has 10 elements, expected 12``."""
+
+
+class RingmpiError(RuntimeError):
+    """A collective call that failed while running (on this rank or, with RINGMPI_CHECK, on
+    another one): every rank that took part raises it."""

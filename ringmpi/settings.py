@@ -1,0 +1,107 @@
+"""Every RINGMPI_* environment variable, read once into one `Settings` object.
+
+Like NCCL's variables they are read at the first use; `reload()` reads them again (tests,
+or a program that changes its environment) and bumps `generation`, which is what cached
+plans and choices compare against.
+
+    RINGMPI_ALGO         force algorithms: "ring" wherever it exists, or per collective
+                         "allreduce=ring,broadcast=pipeline" (like NCCL_ALGO)
+    RINGMPI_DEBUG        WARN (default), INFO (each auto choice and why), TRACE (every call)
+    RINGMPI_DEBUG_FILE   write those lines to this file instead of stderr (%h host, %p pid)
+    RINGMPI_CHECK        1: compare every call's arguments across ranks first
+    RINGMPI_STALL_WARN   seconds a rank may wait in one call before it is named (default 60; 0 off)
+    RINGMPI_STALL_ABORT  seconds after which the whole job is aborted instead (default 0: never)
+    RINGMPI_PROFILE      the profile `auto` reads (default ~/.cache/ringmpi/profile-pP.json)
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .errors import RingmpiUsageError
+
+__all__ = ["Settings", "settings", "reload", "DEBUG_LEVELS"]
+
+DEBUG_LEVELS = ("WARN", "INFO", "TRACE")
+
+
+@dataclass(frozen=True)
+class Settings:
+    algo: tuple = ()            # ((collective or "", algorithm), ...) in the order given
+    debug: str = "WARN"
+    debug_file: str = ""
+    check: bool = False
+    stall_warn: float = 60.0
+    stall_abort: float = 0.0
+    profile: str = ""
+    generation: int = 0
+
+    def forced(self, collective: str) -> str | None:
+        """The algorithm RINGMPI_ALGO names for `collective` (a per-collective entry wins)."""
+        hit = None
+        for coll, alg in self.algo:
+            if coll == collective:
+                return alg
+            if coll == "" and hit is None:
+                hit = alg
+        return hit
+
+    @property
+    def info(self) -> bool:
+        return self.debug in ("INFO", "TRACE")
+
+
+def _seconds(env: dict, name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise RingmpiUsageError(f"{name}={raw!r}: expected a number of seconds >= 0")
+    return value
+
+
+def _algo(raw: str) -> tuple:
+    out = []
+    for part in filter(None, (x.strip() for x in raw.split(","))):
+        coll, _, alg = part.rpartition("=")
+        if not alg:
+            raise RingmpiUsageError(f"RINGMPI_ALGO={raw!r}: empty algorithm in {part!r}; expected "
+                                    "'ring' or 'allreduce=ring,broadcast=pipeline'")
+        out.append((coll.strip(), alg.strip()))
+    return tuple(out)
+
+
+def _read(env: dict, generation: int) -> Settings:
+    debug = env.get("RINGMPI_DEBUG", "").strip().upper() or "WARN"
+    if debug not in DEBUG_LEVELS:
+        raise RingmpiUsageError(f"RINGMPI_DEBUG={env['RINGMPI_DEBUG']!r}: expected one of {', '.join(DEBUG_LEVELS)}")
+    check = env.get("RINGMPI_CHECK", "").strip()
+    if check not in ("", "0", "1"):
+        raise RingmpiUsageError(f"RINGMPI_CHECK={check!r}: expected 0 or 1")
+    return Settings(algo=_algo(env.get("RINGMPI_ALGO", "")), debug=debug,
+                    debug_file=env.get("RINGMPI_DEBUG_FILE", ""), check=check == "1",
+                    stall_warn=_seconds(env, "RINGMPI_STALL_WARN", 60.0),
+                    stall_abort=_seconds(env, "RINGMPI_STALL_ABORT", 0.0),
+                    profile=env.get("RINGMPI_PROFILE", ""), generation=generation)
+
+
+_CURRENT: list[Settings] = []
+
+
+def settings() -> Settings:
+    """The settings in force (read from the environment at the first call)."""
+    if not _CURRENT:
+        reload()
+    return _CURRENT[0]
+
+
+def reload(env: dict | None = None) -> Settings:
+    """Read the environment (or `env`) again; plans and choices made before are dropped."""
+    gen = _CURRENT[0].generation + 1 if _CURRENT else 1
+    new = _read(dict(os.environ if env is None else env), gen)
+    _CURRENT[:] = [new]
+    return new

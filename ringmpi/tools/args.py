@@ -1,0 +1,37 @@
+"""Argument types for the command-line tools: a bad value is a one-line usage error (argparse
+prints it and exits 2), never a traceback."""
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable
+
+from ..units import parse_rate, parse_size, parse_time
+
+__all__ = ["size", "time", "rate", "int_list", "converter"]
+
+
+def converter(fn: Callable[[str], Any], name: str) -> Callable[[str], Any]:
+    """`fn` as an argparse type: its ValueError becomes the usage error's message."""
+    def convert(text: str) -> Any:
+        try:
+            return fn(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    convert.__name__ = name
+    return convert
+
+
+size = converter(parse_size, "size")
+time = converter(parse_time, "time")
+rate = converter(parse_rate, "rate")
+
+
+def int_list(text: str) -> list[int]:
+    """'2,4,8' -> [2, 4, 8], every value >= 1."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 2,4,8") from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: every value must be >= 1")
+    return values

@@ -1,0 +1,224 @@
+"""`ringmpi sim` and `ringmpi model`: the lecture's tables, from the simulator and the model.
+
+    ringmpi sim table [--collective allreduce] [--workers 4]      symbolic state after every round
+    ringmpi sim traffic [--size 256K] [--workers 2,4,8,16,64]     bytes and rounds per algorithm
+    ringmpi sim time --size 1M --workers 8 [--alpha 5us --bandwidth 25GB/s]
+    ringmpi model predict --size 64M --workers 8                  every algorithm's time
+    ringmpi model segments --size 64e6 --workers 8                best S of the pipelined broadcast
+    ringmpi model crossover --workers 8                           where algorithms overtake each other
+    ringmpi model speedup --step 20ms --grad 10e6 --workers 8     data-parallel speedup
+    ringmpi model scale --params 405e9 --tokens 15.6e12 ...       6ND, memory, GPU-hours, MFU
+
+Sizes are bytes with binary multiples (1K = 1024, 64M = 64 MiB, as nccl-tests); write 64e6
+for the lecture's decimal 64 MB. Rates are decimal: 25GB/s = 25e9 bytes per second.
+"""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from .. import cost as cm
+from .. import model, schedules
+from ..collectives import SPECS
+from ..units import SIZE_HELP, human_bytes, human_time
+from . import args
+
+__all__ = ["add_parser", "symbolic_table", "traffic_table", "parameter_server_traffic"]
+
+NAMES = "abcdefghijklmnopqrstuvwxyz"
+
+
+def _profile(ns) -> cm.Profile:
+    return cm.Profile(alpha=ns.alpha, beta=1 / ns.bandwidth, gamma=1 / ns.reduce_rate if ns.reduce_rate else 0.0,
+                      name=f"alpha={human_time(ns.alpha)}, B={ns.bandwidth / 1e9:g} GB/s")
+
+
+def symbolic_table(collective: str = "allreduce", p: int = 4, segments: int = 4, algorithm: str | None = None) -> str:
+    """The state of every worker at the start and after every step (lecture 3.1 and 3.2).
+
+    Rank r's input is named by letter (a0 a1 ... on rank 0, b0 b1 ... on rank 1), one symbol
+    per block; an algorithm with a segment count gets one symbol per segment, named x as in
+    the lecture's pipeline (only the root's data matters there). The simulator runs with
+    alpha = 1, beta = gamma = 0, so its clock counts steps and the rows are global steps."""
+    from ..sim import Sym, run_collective
+    spec = SPECS[collective]
+    algorithm = algorithm or spec.taught
+    alg = schedules.get(collective, algorithm)
+    steps = cm.Profile(alpha=1.0, beta=0.0, gamma=0.0, name="steps")
+    segmented = "segments" in alg.tuned(p, 1, 1, steps)
+    count = segments if segmented else spec.input_count(spec.nccl_count(p, 1, p), p)
+    inputs = []
+    for r in range(p):
+        a = np.empty(count, dtype=object)
+        a[:] = [Sym(f"{'x' if segmented else NAMES[r]}{j}") for j in range(count)]
+        inputs.append(a)
+    cl, _ = run_collective(collective, algorithm, inputs, params={"segments": segments} if segmented else None,
+                           inplace=True, watch=True, profile=steps)
+    times = sorted({t for rk in cl.ranks for t, _ in rk.snapshots})
+
+    def state(rk, t):
+        return " ".join("-" if v is None else str(v) for v in [s for ts, s in rk.snapshots if ts <= t][-1])
+    width = max(len(state(rk, t)) for rk in cl.ranks for t in times)
+    rows = [f"{'':10}" + "".join(f"{'worker ' + str(r):<{width + 2}}" for r in range(p))]
+    for t in times:
+        label = "start" if t == 0 else f"step {t:g}"
+        rows.append(f"{label:10}" + "".join(f"{state(rk, t):<{width + 2}}" for rk in cl.ranks))
+    return "\n".join(rows)
+
+
+def parameter_server_traffic(workers: int, nbytes: int) -> dict:
+    """Simulate one synchronous PS step: K workers push N bytes to a server, pull N back."""
+    from ..schedules.naive import fan_in_reduce, fan_out
+    from ..sim import VirtualCluster
+    cl = VirtualCluster(workers + 1)
+    server = workers
+
+    def step(t):
+        g = np.ones(nbytes, dtype=np.uint8)
+        acc = t.empty(nbytes, np.uint8) if t.rank == server else None
+        fan_in_reduce(t, g if t.rank != server else np.zeros(nbytes, np.uint8), acc, "SUM", server)
+        fan_out(t, acc if t.rank == server else g, server)
+    cl.run(step)
+    return cl.traffic()
+
+
+def traffic_table(nbytes: int, workers: list[int]) -> str:
+    """Section 3.3: bytes moved by the busiest device and rounds, per algorithm and p."""
+    from ..sim import run_collective
+    lines = [f"# all-reduce of {human_bytes(nbytes)} per device; busiest device sent (and rounds)",
+             f"{'p':>4} {'ring':>22} {'naive (all to 0)':>22} {'tree':>22} {'param. server':>26}"]
+    for p in workers:
+        cells = []
+        for alg in ("ring", "naive", "tree"):
+            cl, _ = run_collective("allreduce", alg, [np.zeros(nbytes, np.uint8) for _ in range(p)])
+            tr = cl.traffic()
+            cells.append(f"{human_bytes(tr['busiest_sent'])} ({tr['rounds']})")
+        ps = parameter_server_traffic(p, nbytes)
+        cells.append(f"{human_bytes(ps['busiest_moved'])} moved ({ps['rounds']})")
+        lines.append(f"{p:>4} {cells[0]:>22} {cells[1]:>22} {cells[2]:>22} {cells[3]:>26}")
+    lines.append("# ring: 2(p-1)/p N on every device; naive root and tree root grow with p; "
+                 "the server moves 2pN (workers 2N)")
+    return "\n".join(lines)
+
+
+def _sim(ns) -> int:
+    if ns.what == "table":
+        print(symbolic_table(ns.collective, ns.workers[0], ns.segments or 4))
+    elif ns.what == "traffic":
+        print(traffic_table(ns.size, ns.workers))
+    else:
+        from ..sim import run_collective
+        prof, spec = _profile(ns), SPECS[ns.collective]
+        print(f"# {ns.collective}, {human_bytes(ns.size)}, {prof.name}: simulated vs formula")
+        for p in ns.workers:
+            count = spec.nccl_count(ns.size, 1, p)
+            params = {"segments": ns.segments} if ns.segments else {}
+            for name in schedules.names(ns.collective)[:-1]:
+                alg = schedules.get(ns.collective, name)
+                inputs = [np.zeros(spec.input_count(count, p), np.uint8) for _ in range(p)]
+                cl, _ = run_collective(ns.collective, name, inputs, profile=prof, params=params or None)
+                n = spec.size(count, 1, p)
+                f = alg.formula(p, n, 1, **{**alg.tuned(p, n, 1, prof), **params}).time(prof)
+                print(f"p={p:<4} {name:<20} sim {human_time(cl.time):>10}  formula {human_time(f):>10}  "
+                      f"busiest sent {human_bytes(cl.traffic()['busiest_sent'])}")
+    return 0
+
+
+def _predict(ns, prof) -> None:
+    n = ns.size
+    for p in ns.workers:
+        print(f"# {ns.collective} of {human_bytes(n)} on {p} workers, {prof.name}")
+        for name in schedules.names(ns.collective):
+            alg = schedules.get(ns.collective, name)
+            if alg.cost is None:
+                continue
+            params = alg.tuned(p, n, 1, prof)
+            c = alg.formula(p, n, 1, **params)
+            extra = "  (" + ", ".join(f"{k}={v}" for k, v in params.items()) + ")" if params else ""
+            print(f"  {name:<20}{human_time(c.time(prof)):>12}  rounds {c.rounds:<5} busiest sends "
+                  f"{human_bytes(c.busiest_sent)}{extra}")
+
+
+def _segments(ns, prof) -> None:
+    n, a, b = ns.size, prof.alpha, prof.beta
+    for p in ns.workers:
+        s, star = cm.best_segments(p, n, a, b)
+        pow2 = min((1 << k for k in range(40)), key=lambda q: cm.pipeline_time(p, n, q, a, b))
+        print(f"p={p}, N={human_bytes(n)} ({n} B), {prof.name}: best S = {s} "
+              f"({human_time(cm.pipeline_time(p, n, s, a, b))}); closed form S* = sqrt((p-2) N beta / alpha) = "
+              f"{star:.1f}; best power of two {pow2} ({human_time(cm.pipeline_time(p, n, pow2, a, b))}); "
+              f"unsegmented {human_time(cm.pipeline_time(p, n, 1, a, b))}")
+
+
+def _crossover(ns, prof) -> None:
+    for p in ns.workers:
+        for a, b in (("naive", "tree"), ("tree", "ring"), ("naive", "ring")):
+            x = model.crossover("allreduce", a, b, p, prof)
+            print(f"p={p}: {b} overtakes {a} at {human_bytes(x) + f' ({x} B)' if x else 'never'}")
+
+
+def _speedup(ns, prof) -> None:
+    print(f"# step {human_time(ns.step)} on one worker, {human_bytes(ns.grad)} of gradients, ring all-reduce, "
+          f"{prof.name}")
+    for p in ns.workers:
+        d = model.dp_step(ns.step, p, ns.grad, prof)
+        print(f"p={p:<4} step {human_time(d.step):>10}  comm {human_time(d.comm):>10} "
+              f"({d.comm_fraction:.0%})  speedup {d.speedup:.2f}x")
+
+
+def _scale(ns, prof) -> None:
+    n, d = ns.params, ns.tokens
+    flops = cm.train_flops(n, d)
+    print(f"6ND = {flops:.3g} FLOP; training state 16 B/param = {cm.training_state_bytes(n) / 1e12:.3g} TB")
+    if ns.tensor * ns.pipeline > 1:
+        print(f"per GPU under TP{ns.tensor} x PP{ns.pipeline}: "
+              f"{cm.model_parallel_share(n, ns.tensor, ns.pipeline) / 1e9:.3g} GB")
+    if ns.gpu_hours:
+        print(f"MFU implied by {ns.gpu_hours:.4g} GPU-hours at {ns.peak:.3g} FLOP/s peak: "
+              f"{cm.mfu(n, d, ns.gpu_hours, ns.peak):.1%}")
+    print(f"GPU-hours at {ns.peak * ns.mfu:.3g} FLOP/s sustained: {cm.gpu_hours(flops, ns.peak * ns.mfu):.4g}")
+
+
+MODEL = {"predict": _predict, "segments": _segments, "crossover": _crossover, "speedup": _speedup, "scale": _scale}
+
+
+def _model(ns) -> int:
+    MODEL[ns.what](ns, _profile(ns))
+    return 0
+
+
+def _common(p) -> None:
+    p.add_argument("--alpha", type=args.time, default="5us", help="latency per message")
+    p.add_argument("--bandwidth", type=args.rate, default="25GB/s",
+                   help="link bandwidth B = 1/beta (decimal GB/s)")
+    p.add_argument("--reduce-rate", type=args.rate, default=0.0,
+                   help="bytes reduced per second (1/gamma; 0: free)")
+    p.add_argument("--workers", "-p", type=args.int_list, default=[8], help="comma-separated world sizes")
+    p.add_argument("--size", type=args.size, default="64M", help=f"message size ({SIZE_HELP})")
+    p.add_argument("--collective", choices=list(SPECS), default="allreduce", help="collective")
+    p.add_argument("--segments", type=int, default=0,
+                   help="pipeline segments (0: the tuned S; tables use 4)")
+
+
+def add_parser(sub, name: str, text: str = "") -> None:
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    if name == "sim":
+        s = sub.add_parser("sim", help=text, description=__doc__.split("\n\n")[0], formatter_class=fmt)
+        s.add_argument("what", choices=["table", "traffic", "time"], help="which table")
+        _common(s)
+        s.set_defaults(func=_sim)
+        return
+    m = sub.add_parser("model", help=text, description=__doc__.split("\n\n")[0], formatter_class=fmt)
+    m.add_argument("what", choices=list(MODEL), help="which estimate")
+    _common(m)
+    m.add_argument("--step", type=args.time, default="20ms", help="one worker's compute per step")
+    m.add_argument("--grad", type=args.size, default="10e6", help="gradient bytes (speedup)")
+    m.add_argument("--params", type=float, default=405e9, help="model parameters (scale)")
+    m.add_argument("--tokens", type=float, default=15.6e12, help="training tokens (scale)")
+    m.add_argument("--gpu-hours", type=float, default=0.0, help="reported GPU-hours (scale: implied MFU)")
+    m.add_argument("--peak", type=float, default=989e12, help="peak FLOP/s per GPU")
+    m.add_argument("--mfu", type=float, default=1.0, help="assumed utilisation for GPU-hours")
+    m.add_argument("--tensor", type=int, default=1, help="tensor-parallel ways")
+    m.add_argument("--pipeline", type=int, default=1, help="pipeline-parallel stages")
+    m.set_defaults(func=_model)

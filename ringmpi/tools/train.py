@@ -1,0 +1,131 @@
+"""`ringmpi train`: data-parallel training on ringmpi under mpirun (loss per step, replica
+check, comparison with single-process and MPI_Allreduce training, measured vs modelled
+speedup), and the asynchronous-SGD staleness table (no MPI).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from ..api import group
+from ..auto import profile_of
+from ..dp.ps import async_sgd_study
+from ..dp.train import make_task, max_diff, params_digest, train_dp, train_single
+from ..model import dp_step
+
+__all__ = ["add_parser"]
+
+
+def _staleness() -> int:
+    rows = async_sgd_study()
+    print("# asynchronous SGD, 8 workers, 400 gradient computations; final loss "
+          f"(initial {rows[0]['initial_loss']:.3f}; DIVERGED = worse than twice the initial)")
+    taus = sorted({r["tau"] for r in rows})
+    print(f"{'lr':>6} " + " ".join(f"{'tau=' + str(t):>10}" for t in taus))
+    for lr in dict.fromkeys(r["lr"] for r in rows):
+        cells = ["DIVERGED" if r["diverged"] else f"{r['final_loss']:.4f}" for r in rows if r["lr"] == lr]
+        print(f"{lr:>6g} " + " ".join(f"{c:>10}" for c in cells))
+    return 0
+
+
+def _train(ns, t, task, kw):
+    """Train with a progress line per step on rank 0; returns (ddp, seconds)."""
+    lead = t.rank == 0 and not ns.quiet
+    bar = None
+    if lead and sys.stderr.isatty():
+        from rich.progress import Progress
+        bar = Progress(transient=True)
+        bar.start()
+        bar.add_task("training", total=ns.steps)
+
+    def show(s, loss):
+        if lead:
+            print(f"step {s:>5}  loss {loss:.6f}", flush=True)
+            if bar:
+                bar.advance(bar.task_ids[0])
+    t.barrier()
+    t0 = time.perf_counter()
+    try:
+        ddp, _, _ = train_dp(task, ns.steps, ns.batch, algorithm=ns.algorithm, on_step=show, **kw)
+    finally:
+        if bar:
+            bar.stop()
+    t.barrier()
+    return ddp, time.perf_counter() - t0
+
+
+def _compare(ns, t, task, kw, ddp) -> None:
+    """Distances to single-process whole-batch training and to MPI_Allreduce averaging."""
+    ref = train_single(task, ns.steps, ns.batch, **kw)[0].params if t.rank == 0 else None
+    mpi_ddp, _, _ = train_dp(task, ns.steps, ns.batch, algorithm="mpi", **kw)
+    if t.rank == 0:
+        print(f"# max |param - single-process whole-batch| = {max_diff(ddp.params, ref):.3g}")
+        print(f"# max |param - MPI_Allreduce-averaged run|  = {max_diff(ddp.params, mpi_ddp.params):.3g}")
+
+
+def _speedup(ns, t, task, kw, ddp, elapsed) -> None:
+    """Measured speedup next to the model's T1/p + T_comm. T1: a whole training step (batch
+    gathering, forward, backward, update) on the global batch in one process, timed on
+    rank 0 while the others wait."""
+    t1 = None
+    if t.rank == 0:
+        train_single(task, 1, ns.batch, **kw)  # warm-up
+        a = time.perf_counter()
+        train_single(task, 3, ns.batch, **kw)
+        t1 = (time.perf_counter() - a) / 3
+    t1 = t.bcast_obj(t1, 0)
+    grad_bytes = sum(v.nbytes for v in ddp.params.values())
+    prof = profile_of(t)
+    model = dp_step(t1, t.size, grad_bytes, prof) if t.size > 1 else None
+    if t.rank == 0:
+        step = elapsed / ns.steps
+        print(f"# speedup: T1 = {t1 * 1e3:.2f} ms per global batch on one process; measured step "
+              f"{step * 1e3:.2f} ms -> {t1 / step:.2f}x; model T1/p + T_comm = "
+              f"{(model.step if model else t1) * 1e3:.2f} ms -> {(model.speedup if model else 1):.2f}x "
+              f"(gradients {grad_bytes / 1e6:.2f} MB, profile '{prof.name}')")
+
+
+def _run(ns) -> int:
+    if ns.staleness:
+        return _staleness()
+    t = group()
+    dtype = np.dtype(ns.dtype)
+    task = make_task(ns.model, dtype, ns.seed, tuple(int(v) for v in ns.sizes.split(",")), ns.samples)
+    kw = dict(optimizer=ns.optimizer, lr=ns.lr, momentum=ns.momentum, seed=ns.seed)
+    if t.rank == 0 and not ns.quiet:
+        print(f"# ringmpi train: {ns.model}, {t.size} ranks, global batch {ns.batch}, {ns.steps} steps, "
+              f"{dtype.name}, all-reduce algorithm {ns.algorithm}")
+    ddp, elapsed = _train(ns, t, task, kw)
+    same = len(set(t.allgather_obj(params_digest(ddp.params)))) == 1
+    if t.rank == 0:
+        print(f"# replicas bitwise identical on all {t.size} ranks: {'yes' if same else 'NO'}")
+        print(f"# {elapsed / ns.steps * 1e3:.2f} ms per step, {ns.batch * ns.steps / elapsed:.1f} samples/s")
+    if ns.compare:
+        _compare(ns, t, task, kw, ddp)
+    if ns.speedup:
+        _speedup(ns, t, task, kw, ddp, elapsed)
+    return 0 if same else 1
+
+
+def add_parser(sub, name: str = "train", text: str = "") -> None:
+    a = sub.add_parser(name, help=text, description=__doc__.split("\n\n")[0],
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    a.add_argument("--model", choices=["mlp", "rnn"], default="mlp")
+    a.add_argument("--sizes", default="16,32,32,4", help="MLP layer sizes")
+    a.add_argument("--samples", type=int, default=512)
+    a.add_argument("--steps", type=int, default=20)
+    a.add_argument("--batch", type=int, default=64, help="global batch (split over the ranks)")
+    a.add_argument("--dtype", default="float64")
+    a.add_argument("--algorithm", default="ring", help="all-reduce algorithm for the gradients (default ring)")
+    a.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
+    a.add_argument("--lr", type=float, default=0.1)
+    a.add_argument("--momentum", type=float, default=0.9)
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--compare", action="store_true", help="also run single-process and MPI_Allreduce training")
+    a.add_argument("--speedup", action="store_true", help="measured speedup next to the model's prediction")
+    a.add_argument("--staleness", action="store_true", help="the asynchronous SGD staleness table (no MPI)")
+    a.add_argument("--quiet", action="store_true")
+    a.set_defaults(func=_run)
