@@ -13,7 +13,7 @@ Errors read 'ringmpi.CALL (rank r of p): what was expected, what came'.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -28,18 +28,21 @@ __all__ = ["execute", "Edge", "group", "algorithms", "last_choice", "RingmpiUsag
 
 # (kind, itemsize): np.longlong and np.int64 are different chars of the same type
 _DTYPE_KEYS = frozenset((d.kind, d.itemsize) for d in SUPPORTED_DTYPES)
-_FACTORY: list[Callable[[Any], Any]] = []
+_MPI: list[Any] = []
+
+
+def _mpi() -> Any:
+    """The MPI transport module, imported (and MPI initialised) at the first collective
+    call, never at `import ringmpi`: the simulator, the model and the CLI's help run without MPI."""
+    if not _MPI:
+        from . import mpicomm
+        _MPI.append(mpicomm)
+    return _MPI[0]
 
 
 def group(comm: Any = None) -> Any:
-    """The transport of `comm` (an mpi4py intracommunicator; COMM_WORLD when None).
-
-    mpi4py is imported (and MPI initialised) here, at the first collective call, never at
-    `import ringmpi`: the simulator, the model and the CLI's help run without MPI."""
-    if not _FACTORY:
-        from .mpicomm import transport
-        _FACTORY.append(transport)
-    return _FACTORY[0](comm)
+    """The transport of `comm` (an mpi4py intracommunicator; COMM_WORLD when None)."""
+    return _mpi().transport(comm)
 
 
 def algorithms(collective: str) -> list[str]:
@@ -136,7 +139,8 @@ def execute(spec: Any, comm: Any, algorithm: Any, args: dict) -> Any:
     try:
         t = group(comm)
     except TypeError as e:
-        raise RingmpiUsageError(f"ringmpi.{spec.name}: {e}") from None
+        r, p = _mpi().world_position()
+        raise RingmpiUsageError(f"ringmpi.{spec.name} (rank {r} of {p} in COMM_WORLD): {e}") from None
     e = Edge(spec.name, t)
     try:
         st = settings()
@@ -151,7 +155,7 @@ def execute(spec: Any, comm: Any, algorithm: Any, args: dict) -> Any:
         if not st.check or t.size == 1:
             raise
         call, result, problem = None, None, err
-    t.begin(spec.name)
+    t.begin(f"{spec.name}/{algorithm}")
     try:
         if st.check and t.size > 1:
             _agree(e, algorithm, call, problem)
@@ -164,22 +168,29 @@ def execute(spec: Any, comm: Any, algorithm: Any, args: dict) -> Any:
 
 def _fingerprint(algorithm: str, call: Call) -> tuple:
     spec = call.collective
+    if algorithm == "auto" and settings().forced(spec.name):
+        algorithm = f"auto(RINGMPI_ALGO={settings().forced(spec.name)})"
     return (spec.name, algorithm, call.count, str(call.dtype),
             call.op if spec.reduces else "-", call.root if spec.rooted else "-", call.counts, call.params)
 
 
 def _agree(e: Edge, algorithm: str, call: Call | None, problem: Exception | None) -> None:
-    """RINGMPI_CHECK=1 (like TORCH_DISTRIBUTED_DEBUG=DETAIL): every rank sends its call's
-    fingerprint, or its validation error, and all raise together on any difference."""
+    """RINGMPI_CHECK=1 (like TORCH_DISTRIBUTED_DEBUG=DETAIL): before anything can diverge,
+    every rank sends rank 0 its call's fingerprint or its validation error; rank 0 (which
+    knows, while it waits, which ranks have not arrived) sends back one verdict, and on any
+    difference or error every rank raises the same message naming each rank's call."""
     mine = ("error", str(problem)) if problem is not None else _fingerprint(algorithm, call)
-    every = e.t.allgather_obj(mine)
-    if all(f == every[0] for f in every) and problem is None:
-        return
-    groups: dict = {}
-    for r, f in enumerate(every):
-        groups.setdefault(f, []).append(r)
-    text = "; ".join(f"ranks {g}: {' '.join(map(str, f))}" for f, g in groups.items())
-    e.fail(f"ranks disagree on this collective call (RINGMPI_CHECK): {text}")
+    every = e.t.gather_at(mine, 0)
+    verdict = None
+    if every is not None and (problem is not None or any(f != every[0] for f in every)
+                              or every[0][0] == "error"):
+        groups: dict = {}
+        for r, f in enumerate(every):
+            groups.setdefault(f, []).append(r)
+        verdict = "; ".join(f"ranks {g}: {' '.join(map(str, f))}" for f, g in groups.items())
+    verdict = e.t.bcast_obj(verdict, 0)
+    if verdict is not None:
+        e.fail(f"ranks disagree on this collective call (RINGMPI_CHECK): {verdict}")
 
 
 def _resolve(e: Edge, spec: Any, algorithm: str, call: Call) -> tuple[Any, Call]:
@@ -197,6 +208,9 @@ def _resolve(e: Edge, spec: Any, algorithm: str, call: Call) -> tuple[Any, Call]
         alg = _alg.get(spec.name, name)
     except ValueError as err:
         e.fail(str(err))
+    if alg.cost is None and not t.native_serves(call.count, spec.elementwise):
+        e.fail(f"algorithm 'mpi' cannot take {call.count} elements: the MPI library's {spec.name} counts are "
+               f"C ints (at most {t.max_count}); use one of ringmpi's algorithms or 'auto'")
     if alg.tune is not None:
         tuned = alg.tuned(t.size, call.count, call.itemsize, _auto.profile_of(t))
         given = dict(call.params)

@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 from . import schedules as _alg
 from .call import Call
 from .cost import Profile
-from .settings import Settings, settings
+from .settings import Settings, log, settings
 
-__all__ = ["DEFAULT", "MARGIN", "choose", "predict_time", "profile_of", "set_profile", "profile_path", "log"]
+__all__ = ["DEFAULT", "MARGIN", "choose", "predict_time", "profile_of", "set_profile", "profile_path"]
 
 #: Used until `ringmpi calibrate` has measured this machine.
 DEFAULT = Profile(alpha=5e-6, beta=1 / 5e9, gamma=1 / 10e9, overhead=20e-6,
@@ -110,8 +109,9 @@ def choose(t: Any, call: Call) -> dict:
             choice = {"algorithm": forced, "why": "forced by RINGMPI_ALGO"}
         else:
             prof = profile_of(t)
+            native_ok = getattr(t, "native_serves", lambda n, e: True)(call.count, call.collective.elementwise)
             preds = {a: predict_time(collective, a, t.size, call.count, call.itemsize, prof)
-                     for a in _alg.names(collective)}
+                     for a in _alg.names(collective) if native_ok or _alg.get(collective, a).cost is not None}
             best = min(preds, key=preds.get)
             if "mpi" in preds and best != "mpi" and preds[best] > MARGIN * preds["mpi"]:
                 best = "mpi"
@@ -125,8 +125,3 @@ def choose(t: Any, call: Call) -> dict:
             log(f"{collective} p={t.size} bytes={call.count * call.itemsize}: {choice['algorithm']} "
                 f"({choice['why']}) {table}", "INFO")
     return choice
-
-
-def log(message: str, level: str = "INFO") -> None:
-    """One line on stderr, NCCL_DEBUG style: 'ringmpi INFO ...'."""
-    print(f"ringmpi {level} {message}", file=sys.stderr, flush=True)

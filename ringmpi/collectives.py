@@ -48,6 +48,7 @@ class Collective:
     name = ""
     reduces = False          # combines data with an op
     rooted = False           # has a root argument
+    elementwise = False      # MPI's own call can be cut into pieces along the buffer (large counts)
     per_rank = False         # nccl-tests: the count column is per rank (size = count x nranks)
     busbw = "1"              # nccl-tests' bus bandwidth factor, as printed
     simulated_native = ""    # the algorithm the simulator runs for "mpi" (the library's choice is opaque)
@@ -97,6 +98,7 @@ class Collective:
 
 class _Allreduce(Collective):
     name, reduces, busbw, simulated_native, taught = "allreduce", True, "2(n-1)/n", "rabenseifner", "ring"
+    elementwise = True
 
     def busbw_factor(self, p):
         return 2 * (p - 1) / p
@@ -224,6 +226,7 @@ class _Allgather(Collective):
 
 class _Broadcast(Collective):
     name, rooted, simulated_native, taught, has_out_of_place = "broadcast", True, "tree", "pipeline", False
+    elementwise = True
 
     def prepare(self, e, buf, root, segments):
         flat = e.array("buf", buf, writable=True)
@@ -247,6 +250,7 @@ class _Broadcast(Collective):
 
 class _Reduce(Collective):
     name, reduces, rooted, simulated_native, taught = "reduce", True, True, "tree", "ring"
+    elementwise = True
 
     def prepare(self, e, sendbuf, recvbuf, root, op):
         root = e.root(root)

@@ -10,12 +10,21 @@ the call in flight for the stall inspector).
 Messages travel on a private duplicate of the user's communicator, so ringmpi's traffic can
 never match the user's own receives, and every call uses its own tag (the call's sequence
 number), so a message left over by a call that failed on one rank can never be matched by
-the next call. The transport is stored on the user's communicator as an MPI attribute:
-it lives exactly as long as the communicator and is freed with it.
+the next call. A second duplicate carries control messages (the RINGMPI_CHECK agreement,
+the profile, tuning decisions). The transport is stored on the user's communicator as an
+MPI attribute: it lives exactly as long as the communicator and is freed with it.
+
+The MPI library's own collectives are called through `library`, which also makes them
+follow ringmpi's rules: above the C-int count limit the element-wise ones (all-reduce,
+reduce, broadcast) are cut into pieces, and MAX/MIN on floating types propagate NaN (MPI
+libraries compare with `a > b ? a : b`, which drops or keeps a NaN depending on operand
+order) by reducing order-preserving integer keys instead of the floats.
 """
 from __future__ import annotations
 
+import sys
 import time
+import traceback
 from typing import Any, Sequence
 
 import numpy as np
@@ -24,9 +33,10 @@ from mpi4py import MPI
 from . import stall
 from .backend import NUMPY, ArrayBackend, ScratchPool
 from .ops import OPS, op_name
+from .settings import log, settings
 from .transport import IN_PLACE, LRU, Counters
 
-__all__ = ["MPI", "MPITransport", "transport", "library_version", "mpi_standard", "mpi4py_version", "INT_MAX"]
+__all__ = ["MPI", "MPITransport", "transport", "world_position", "abort_on_exception", "library_version", "mpi_standard", "mpi4py_version", "INT_MAX"]
 
 INT_MAX = 2**31 - 1
 _MPI_OPS = {name: getattr(MPI, name) for name in OPS}
@@ -61,23 +71,28 @@ class MPITransport:
 
     def __init__(self, user: "MPI.Intracomm", *, backend: ArrayBackend = NUMPY, max_count: int = INT_MAX) -> None:
         self.user_comm = user
-        self.comm = user.Dup()
-        self.rank = self.comm.Get_rank()
-        self.size = self.comm.Get_size()
+        self.rank = user.Get_rank()
+        self.size = user.Get_size()
         self.backend = backend
         self.max_count = max_count
         self.counters = Counters()
         self.pool = ScratchPool(backend)
-        ub = self.comm.Get_attr(MPI.TAG_UB)
-        self._tags = max(2, min(ub if isinstance(ub, int) else 32767, 1 << 30))
         self.seq = 0
         self.tag = 0
-        self.inflight: tuple[str, float] | None = None
+        self.waiting_for: list[int] | None = None   # ranks a call is known to wait for (stall messages)
         self.profile: Any = None          # ringmpi.cost.Profile, read once (ringmpi.auto)
         self.choices = LRU(256)           # auto's decisions per call shape
         self.last_choice: dict | None = None
         self.freed = False
+        # the duplicates are collective over the communicator: a rank that never comes is
+        # named by the stall inspector like any other waiting call
+        self.inflight: tuple[str, float] | None = ("communicator set-up (MPI_Comm_dup)", time.monotonic())
         stall.track(self)
+        self.comm = user.Dup()
+        self.ctl = user.Dup()
+        self.inflight = None
+        ub = self.comm.Get_attr(MPI.TAG_UB)
+        self._tags = max(2, min(ub if isinstance(ub, int) else 32767, 1 << 30))
 
     # -- the call bracket: one tag per call, scratch afresh, watched by the stall inspector --
     def begin(self, name: str) -> int:
@@ -93,6 +108,7 @@ class MPITransport:
 
     def end(self) -> None:
         self.inflight = None
+        self.waiting_for = None
 
     # -- data movement -------------------------------------------------------------------
     def sendrecv(self, sendbuf: np.ndarray | None, dest: int | None,
@@ -145,11 +161,42 @@ class MPITransport:
         """The library's own collective: the call's spec knows which MPI function it is."""
         call.collective.mpi(self, call)
 
-    def library(self, function: str, *args: Any) -> Any:
-        """Call communicator method `function` (e.g. "Allreduce") with ringmpi's arguments:
-        IN_PLACE and op names are translated to mpi4py's objects."""
+    def library(self, function: str, *args: Any) -> None:
+        """Call communicator method `function` (e.g. "Allreduce") with ringmpi's arguments
+        (arrays, IN_PLACE, op names), following ringmpi's rules for counts and NaN."""
+        op = next((a for a in args if isinstance(a, str)), None)
+        arrays = [a for a in args if isinstance(a, np.ndarray)]
+        if op in ("MAX", "MIN") and arrays and arrays[-1].dtype.kind == "f":
+            self._nan_propagating(function, args, op)
+            return
+        if function in _ELEMENTWISE and max((a.size for a in arrays), default=0) > self.max_count:
+            self._in_pieces(function, args, arrays)
+            return
         conv = [MPI.IN_PLACE if a is IN_PLACE else _MPI_OPS[a] if isinstance(a, str) else a for a in args]
-        return getattr(self.comm, function)(*conv)
+        getattr(self.comm, function)(*conv)
+
+    def native_serves(self, count: int, elementwise: bool) -> bool:
+        """Whether the library's own collective can take a call of `count` elements."""
+        return elementwise or count <= self.max_count
+
+    def _in_pieces(self, function: str, args: tuple, arrays: list) -> None:
+        """An element-wise collective above the count limit: the same call on consecutive
+        pieces of every buffer."""
+        n = max(a.size for a in arrays)
+        if settings().info and self.rank == 0:
+            log(f"{function} of {n} elements: above the MPI count limit {self.max_count}, "
+                      f"called in {-(-n // self.max_count)} pieces")
+        for lo in range(0, n, self.max_count):
+            self.library(function, *(a[lo:lo + self.max_count] if isinstance(a, np.ndarray) else a for a in args))
+
+    def _nan_propagating(self, function: str, args: tuple, op: str) -> None:
+        """MAX/MIN of floats as the library's MAX/MIN of integer keys that order like the
+        floats, NaN (made canonical) being the largest key for MAX and the smallest for MIN."""
+        keyed = [_float_keys(self, a, op) if isinstance(a, np.ndarray) else a for a in args]
+        self.library(function, *keyed)
+        arrays = [i for i, a in enumerate(args) if isinstance(a, np.ndarray)]
+        if any(a is IN_PLACE for a in args) or len(arrays) > 1:  # the last buffer is the result (not on a reduce's non-root)
+            _from_keys(keyed[arrays[-1]], args[arrays[-1]])
 
     def op_name(self, op: Any) -> str:
         """'SUM' for MPI.SUM, "sum" or "SUM"; a clear error for other ops."""
@@ -177,20 +224,90 @@ class MPITransport:
         return MPI.Wtime()
 
     def bcast_obj(self, obj: Any, root: int = 0) -> Any:
-        return self.comm.bcast(obj, root)
+        return self.ctl.bcast(obj, root)
 
     def allgather_obj(self, obj: Any) -> list:
-        return self.comm.allgather(obj)
+        return self.ctl.allgather(obj)
+
+    def gather_at(self, obj: Any, leader: int = 0) -> list | None:
+        """Every rank's `obj` at `leader` (None elsewhere), point to point on the control
+        communicator, so that while it waits the leader knows which ranks have not arrived
+        (`waiting_for`, named by the stall inspector)."""
+        if self.rank != leader:
+            self.ctl.send(obj, leader, self.tag)
+            return None
+        got: list = [None] * self.size
+        got[leader] = obj
+        others = [q for q in range(self.size) if q != leader]
+        reqs = [self.ctl.irecv(source=q, tag=self.tag) for q in others]
+        pending = dict(zip(others, reqs))
+        while pending:
+            self.waiting_for = sorted(pending)
+            for q, req in list(pending.items()):
+                done, value = req.test()
+                if done:
+                    got[q] = value
+                    del pending[q]
+            if pending:
+                time.sleep(0.0005 if len(pending) < len(others) else 0.0001)
+        self.waiting_for = None
+        return got
 
     def hostnames(self) -> list[str]:
-        return self.comm.allgather(MPI.Get_processor_name())
+        return self.ctl.allgather(MPI.Get_processor_name())
 
     def release(self) -> None:
-        """The user's communicator is being freed: free the duplicate and the scratch."""
+        """The user's communicator is being freed: free the duplicates and the scratch."""
         self.freed = True
         self.pool = ScratchPool(self.backend)
-        if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
-            self.comm.Free()
+        for c in (self.comm, self.ctl):
+            if c != MPI.COMM_NULL and not MPI.Is_finalized():
+                c.Free()
+
+
+_ELEMENTWISE = ("Allreduce", "Reduce", "Bcast")
+_SIGNED = {4: np.int32, 8: np.int64}
+
+
+def _float_keys(t: MPITransport, a: np.ndarray, op: str) -> np.ndarray:
+    """Integer keys in scratch memory whose order is the floats' order: for non-negative
+    floats the bit pattern, for negative ones the pattern with all bits but the sign flipped.
+    NaN becomes +qNaN (above +inf) for MAX, -qNaN (below -inf) for MIN."""
+    it = _SIGNED[a.itemsize]
+    bits = t.empty(a.size, it)
+    np.copyto(bits, a.view(it))
+    nan = np.isnan(a)
+    if nan.any():
+        bits[nan] = np.array([np.copysign(np.nan, 1.0 if op == "MAX" else -1.0)], a.dtype).view(it)[0]
+    flip = np.iinfo(it).max
+    np.bitwise_xor(bits, flip, out=bits, where=bits < 0)
+    return bits
+
+
+def _from_keys(keys: np.ndarray, out: np.ndarray) -> None:
+    flip = np.iinfo(keys.dtype).max
+    np.bitwise_xor(keys, flip, out=keys, where=keys < 0)
+    np.copyto(out, keys.view(out.dtype))
+
+
+def world_position() -> tuple[int, int]:
+    """(rank, size) in COMM_WORLD: where an error that has no communicator of its own happened."""
+    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+
+
+def abort_on_exception(tp: type, value: BaseException, tb: Any) -> None:
+    """sys.excepthook under RINGMPI_ABORT_ON_EXCEPTION=1: the traceback, each line tagged
+    with the rank, then MPI_Abort, so the other ranks do not wait forever for this one."""
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        sys.__excepthook__(tp, value, tb)
+        return
+    r, p = world_position()
+    text = "".join(traceback.format_exception(tp, value, tb))
+    sys.stderr.write("".join(f"[rank {r}] {line}\n" for line in text.splitlines()))
+    sys.stderr.write(f"ringmpi: rank {r} of {p} raised an uncaught {tp.__name__}; aborting the job "
+                     "(RINGMPI_ABORT_ON_EXCEPTION=1)\n")
+    sys.stderr.flush()
+    MPI.COMM_WORLD.Abort(1)
 
 
 def _delete(_comm: Any, _key: int, t: MPITransport) -> None:
@@ -210,7 +327,7 @@ def transport(comm: "MPI.Intracomm | None" = None) -> MPITransport:
     if _LAST and _LAST[0] is comm and not _LAST[1].freed:
         return _LAST[1]
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
-        what = "MPI.COMM_NULL" if isinstance(comm, MPI.Comm) and comm == MPI.COMM_NULL else \
+        what = "MPI.COMM_NULL (a freed communicator?)" if isinstance(comm, MPI.Comm) and comm == MPI.COMM_NULL else \
             "an inter-communicator" if isinstance(comm, MPI.Intercomm) else f"{type(comm).__module__}.{type(comm).__name__}"
         raise TypeError(f"comm must be an mpi4py intracommunicator, got {what}")
     t = comm.Get_attr(_KEYVAL)

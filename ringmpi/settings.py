@@ -12,15 +12,20 @@ plans and choices compare against.
     RINGMPI_STALL_WARN   seconds a rank may wait in one call before it is named (default 60; 0 off)
     RINGMPI_STALL_ABORT  seconds after which the whole job is aborted instead (default 0: never)
     RINGMPI_PROFILE      the profile `auto` reads (default ~/.cache/ringmpi/profile-pP.json)
+    RINGMPI_ABORT_ON_EXCEPTION  1: an uncaught exception on one rank prints its traceback
+                         and aborts the whole job (MPI_Abort) instead of leaving the other
+                         ranks waiting; on by default under `python -m ringmpi.launch`
 """
 from __future__ import annotations
 
 import os
+import socket
+import sys
 from dataclasses import dataclass
 
 from .errors import RingmpiUsageError
 
-__all__ = ["Settings", "settings", "reload", "DEBUG_LEVELS"]
+__all__ = ["Settings", "settings", "reload", "log", "DEBUG_LEVELS"]
 
 DEBUG_LEVELS = ("WARN", "INFO", "TRACE")
 
@@ -34,6 +39,7 @@ class Settings:
     stall_warn: float = 60.0
     stall_abort: float = 0.0
     profile: str = ""
+    abort_on_exception: bool = False
     generation: int = 0
 
     def forced(self, collective: str) -> str | None:
@@ -64,6 +70,13 @@ def _seconds(env: dict, name: str, default: float) -> float:
     return value
 
 
+def _flag(env: dict, name: str) -> bool:
+    raw = env.get(name, "").strip()
+    if raw not in ("", "0", "1"):
+        raise RingmpiUsageError(f"{name}={raw!r}: expected 0 or 1")
+    return raw == "1"
+
+
 def _algo(raw: str) -> tuple:
     out = []
     for part in filter(None, (x.strip() for x in raw.split(","))):
@@ -79,11 +92,9 @@ def _read(env: dict, generation: int) -> Settings:
     debug = env.get("RINGMPI_DEBUG", "").strip().upper() or "WARN"
     if debug not in DEBUG_LEVELS:
         raise RingmpiUsageError(f"RINGMPI_DEBUG={env['RINGMPI_DEBUG']!r}: expected one of {', '.join(DEBUG_LEVELS)}")
-    check = env.get("RINGMPI_CHECK", "").strip()
-    if check not in ("", "0", "1"):
-        raise RingmpiUsageError(f"RINGMPI_CHECK={check!r}: expected 0 or 1")
     return Settings(algo=_algo(env.get("RINGMPI_ALGO", "")), debug=debug,
-                    debug_file=env.get("RINGMPI_DEBUG_FILE", ""), check=check == "1",
+                    debug_file=env.get("RINGMPI_DEBUG_FILE", ""), check=_flag(env, "RINGMPI_CHECK"),
+                    abort_on_exception=_flag(env, "RINGMPI_ABORT_ON_EXCEPTION"),
                     stall_warn=_seconds(env, "RINGMPI_STALL_WARN", 60.0),
                     stall_abort=_seconds(env, "RINGMPI_STALL_ABORT", 0.0),
                     profile=env.get("RINGMPI_PROFILE", ""), generation=generation)
@@ -105,3 +116,20 @@ def reload(env: dict | None = None) -> Settings:
     new = _read(dict(os.environ if env is None else env), gen)
     _CURRENT[:] = [new]
     return new
+
+
+def log(message: str, level: str = "INFO") -> None:
+    """One line 'ringmpi LEVEL message', NCCL_DEBUG style, on stderr or RINGMPI_DEBUG_FILE
+    (%h: host name, %p: process id, as NCCL_DEBUG_FILE)."""
+    line = f"ringmpi {level} {message}\n"
+    try:
+        path = settings().debug_file
+    except RingmpiUsageError:
+        path = ""
+    if path:
+        path = path.replace("%h", socket.gethostname()).replace("%p", str(os.getpid()))
+        with open(path, "a") as fh:
+            fh.write(line)
+        return
+    sys.stderr.write(line)
+    sys.stderr.flush()

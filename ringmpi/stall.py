@@ -65,7 +65,11 @@ def _watch() -> None:
             label, started = cur
             waited = now - started
             where = f"ringmpi: rank {t.rank} of {t.size} has waited {waited:.0f} s in {label}"
-            if s.stall_abort and waited > s.stall_abort:
+            missing = getattr(t, "waiting_for", None)
+            if missing:
+                where += f" (ranks {missing} have not arrived)"
+            # a rank that knows who is missing aborts first, so that its message is the one printed
+            if s.stall_abort and waited > s.stall_abort + (0 if missing else 1):
                 sys.stderr.write(f"{where}; aborting the job (RINGMPI_STALL_ABORT={s.stall_abort:g}). A rank may "
                                  "have skipped this collective or called another one.\n")
                 sys.stderr.flush()

@@ -5,7 +5,9 @@
 - uses the `mpirun` next to this Python (the Open MPI wheel's) unless $MPIRUN is set;
 - Open MPI: adds --oversubscribe (more ranks than cores is the laptop case) and, as root,
   the two variables that allow it; MPICH's hydra needs neither;
-- kills the whole job when the deadline passes and exits 124, so nothing hangs silently.
+- kills the whole job when the deadline passes and exits 124, so nothing hangs silently;
+- sets RINGMPI_ABORT_ON_EXCEPTION=1 (unless set): an uncaught exception on one rank aborts
+  the job at once instead of leaving the other ranks waiting.
 """
 from __future__ import annotations
 
@@ -64,6 +66,7 @@ def main(args: list[str] | None = None) -> int:
     if not argv:
         ap.error("no command given (put it after --)")
     env = dict(os.environ)
+    env.setdefault("RINGMPI_ABORT_ON_EXCEPTION", "1")  # one rank's uncaught exception ends the job
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")

@@ -72,6 +72,88 @@ def test_alltoall_needs_whole_blocks():
                           f"sendbuf has {P * 3 + 1} elements, expected a multiple of {P} (one block per rank)")
 
 
+@pytest.mark.parametrize("counts", [[2.9, 2.9] + [8.2] * (P - 2) if P > 2 else [2.5] * P, "abc", [True] * P, None])
+def test_counts_must_be_integers(counts):
+    if counts is None:
+        counts = np.array([12 / P] * P)  # floats that happen to add up
+    raises_before_sending(lambda: ringmpi.reduce_scatter(X, counts=counts), "counts must hold", "non-negative integers")
+
+
+@pytest.mark.parametrize("name", ["MAXLOC", "MINLOC", "REPLACE", "NO_OP"])
+def test_unsupported_predefined_ops_are_named(name):
+    raises_before_sending(lambda: ringmpi.allreduce(X, op=getattr(MPI, name)), f"MPI.{name} is not supported by ringmpi")
+
+
+def test_communicator_errors_name_the_call_and_rank():
+    inter = None
+    if P > 1:
+        local = COMM.Split(R % 2, R)
+        inter = local.Create_intercomm(0, COMM, 1 - R % 2 if R < 2 else (R + 1) % 2, 77) if P > 1 else None
+        local.Free()
+    dead = COMM.Dup()
+    dead.Free()
+    for comm, what in ((MPI.COMM_NULL, "MPI.COMM_NULL"), (dead, "freed communicator"),
+                       (inter, "an inter-communicator"), ("world", "builtins.str")):
+        if comm is None:
+            continue
+        with pytest.raises(ringmpi.RingmpiUsageError) as info:
+            ringmpi.allreduce(X, comm=comm)
+        msg = str(info.value)
+        assert msg.startswith(f"ringmpi.allreduce (rank {R} of {P} in COMM_WORLD): comm must be"), msg
+        assert what in msg, msg
+    if inter is not None:
+        inter.Free()
+
+
+def test_unknown_forced_algorithm_is_an_error(env):
+    env(ALGO="allreduce=bogus")
+    raises_before_sending(lambda: ringmpi.allreduce(X), "unknown algorithm 'bogus' for allreduce")
+
+
+@pytest.mark.parametrize("var,value", [("DEBUG", "1"), ("CHECK", "yes"), ("STALL_ABORT", "-3"),
+                                       ("ALGO", "allreduce="), ("ABORT_ON_EXCEPTION", "2")])
+def test_invalid_settings_are_errors(env, var, value):
+    with pytest.raises(ringmpi.RingmpiUsageError, match=f"RINGMPI_{var}="):
+        env(**{var: value})
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("op", ["MAX", "MIN"])
+def test_nan_propagates_in_every_algorithm(dtype, op, env):
+    """One rule for MAX and MIN whatever the algorithm (and whatever auto picks at any size):
+    NaN on any rank gives NaN there, as numpy, PyTorch and IEEE 754-2019 maximum do. The
+    MPI library's own compares with a > b ? a : b, which drops a NaN or not depending on the
+    operand order; ringmpi's `mpi` reduces order-preserving integer keys instead."""
+    env()
+    for n in (6, 1 << 20):
+        x = np.full(n, float(R + 1), dtype)
+        x[R % n] = -np.nan if R % 2 else np.nan   # each rank its own NaN position (and sign)
+        x[-1] = -np.inf if R == 0 else 3.5
+        x[-2] = -0.0 if R else 0.0
+        want_nan = np.zeros(n, bool)
+        want_nan[[q % n for q in range(P)]] = True
+        keep = x.tobytes()
+        for alg in algos_with_auto("allreduce"):
+            out = ringmpi.allreduce(x, op=op, algorithm=alg)
+            assert x.tobytes() == keep, (alg, "sendbuf written")
+            assert np.array_equal(np.isnan(out), want_nan), (alg, n)
+            ok = ~want_nan
+            ok[-2:] = False
+            want = float(P) if op == "MAX" else 1.0
+            assert np.all(out[ok] == want), (alg, n)
+            if P > 1:
+                assert out[-1] == (3.5 if op == "MAX" else -np.inf), (alg, n)
+        for alg in algos_with_auto("reduce"):
+            out = ringmpi.reduce(x, root=P - 1, op=op, algorithm=alg)
+            assert x.tobytes() == keep, (alg, "sendbuf written")
+            if R == P - 1:
+                assert np.array_equal(np.isnan(out), want_nan), (alg, n)
+
+
+def algos_with_auto(collective):
+    return ringmpi.algorithms(collective) + ["auto"]
+
+
 def test_readonly_recvbuf():
     ro = np.empty(12)
     ro.flags.writeable = False

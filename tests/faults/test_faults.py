@@ -1,0 +1,318 @@
+"""Fault injection: each scenario is a short MPI job (2 or 3 ranks) under a deadline, and the
+test asserts its outcome: a clear error on every rank or a correct result, the job ending
+within a bound, the next valid call correct, memory flat over many communicators.
+
+Run by `make test` outside mpirun (each test starts its own job through ringmpi.launch).
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+HEADER = """\
+import os, sys, time, threading
+import numpy as np
+import ringmpi
+from ringmpi import RingmpiUsageError
+from mpi4py import MPI
+W = MPI.COMM_WORLD
+r, P = W.rank, W.size
+def say(*a):  # one write per line: launchers interleave the ranks' output at write boundaries
+    sys.stdout.write(" ".join(map(str, (f"R{r}",) + a)) + chr(10))
+    sys.stdout.flush()
+"""
+#: what every scenario of the matrix runs under (the issue's bound: 15 s)
+SAFETY = {"RINGMPI_CHECK": "1", "RINGMPI_STALL_ABORT": "5"}
+
+
+def job(tmp_path: Path, code: str, n: int = 3, env: dict | None = None, timeout: float = 90) -> tuple[int, str, float]:
+    """Run `code` (after HEADER) on n ranks; returns (exit status, all output, seconds)."""
+    script = tmp_path / "scenario.py"
+    script.write_text(HEADER + textwrap.dedent(code))
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("OMPI_COMM", "PMIX", "PRTE", "OMPI_MCA", "PMI_", "HYDRA", "RINGMPI_"))}
+    base.update({"RINGMPI_ABORT_ON_EXCEPTION": "0", "OMP_NUM_THREADS": "1", **(env or {})})
+    cmd = [sys.executable, "-m", "ringmpi.launch", "-n", str(n), "--timeout", str(timeout), "--",
+           sys.executable, str(script)]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60, env=base, errors="replace")
+    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - t0
+
+
+def lines(out: str, tag: str) -> list[str]:
+    return [ln for ln in out.splitlines() if ln.startswith(tag)]
+
+
+# -- 1 and 2: a rank that skips a call, or raises, never hangs the others ----------------
+
+SKIP = """
+x = np.ones(12)
+ringmpi.allreduce(x)
+if r != 1:
+    ringmpi.allreduce(x)
+say("done")
+"""
+
+
+@pytest.mark.parametrize("env", [{"RINGMPI_STALL_ABORT": "5"}, SAFETY], ids=["abort", "check+abort"])
+def test_skipped_call_aborts_the_job(tmp_path, env):
+    rc, out, secs = job(tmp_path, SKIP, env=env)
+    assert rc not in (0, 124) and secs < 15, (rc, secs, out)
+    assert "aborting the job (RINGMPI_STALL_ABORT=5)" in out, out
+    if "RINGMPI_CHECK" in env:  # the agreement step knows who is missing
+        assert "rank 0 of 3 has waited" in out and "(ranks [1] have not arrived)" in out, out
+
+
+RAISE = """
+x = np.ones(12)
+ringmpi.allreduce(x)
+if r == 1:
+    raise RuntimeError("rank 1 gives up")
+ringmpi.allreduce(x)
+"""
+
+
+def test_rank_raising_is_caught_by_the_stall_abort(tmp_path):
+    rc, out, secs = job(tmp_path, RAISE, env=SAFETY)
+    assert rc not in (0, 124) and secs < 15, (rc, secs, out)
+    assert "rank 1 gives up" in out and "aborting the job" in out, out
+
+
+def test_uncaught_exception_aborts_the_job_at_once(tmp_path):
+    """RINGMPI_ABORT_ON_EXCEPTION=1 (the launcher's default): the failing rank prints its
+    traceback, tagged with its rank, and aborts the job: no stall limit needed."""
+    rc, out, secs = job(tmp_path, RAISE, env={"RINGMPI_ABORT_ON_EXCEPTION": "1"})
+    assert rc not in (0, 124) and secs < 10, (rc, secs, out)
+    assert "[rank 1] RuntimeError: rank 1 gives up" in out, out
+    assert "rank 1 of 3 raised an uncaught RuntimeError; aborting the job" in out, out
+
+
+# -- 2 and 3: with the check on, every mismatch and every local error is raised everywhere --
+
+MISMATCHES = """
+cases = {
+    "length": lambda: ringmpi.allreduce(np.ones(8 + (r == 2))),
+    "dtype": lambda: ringmpi.allreduce(np.ones(8, np.float32 if r == 1 else np.float64)),
+    "op": lambda: ringmpi.allreduce(np.ones(8), op="max" if r == 0 else "sum"),
+    "root": lambda: ringmpi.broadcast(np.ones(8), root=r % 2),
+    "algorithm": lambda: ringmpi.allreduce(np.ones(12), algorithm="ring" if r == 0 else "auto"),
+    "collective": lambda: ringmpi.allreduce(np.ones(8)) if r == 0 else ringmpi.broadcast(np.ones(8)),
+    "counts": lambda: ringmpi.reduce_scatter(np.ones(6), counts=[2, 2, 2] if r else [3, 2, 1]),
+    "segments": lambda: ringmpi.broadcast(np.ones(9), algorithm="pipeline", segments=3 + r),
+    "validation": lambda: ringmpi.allreduce(np.ones(8), np.empty(7 if r == 1 else 8)),
+}
+for name, fn in cases.items():
+    try:
+        fn()
+        say(name, "NO ERROR")
+    except RingmpiUsageError as e:
+        say(name, "raised:", str(e).replace(chr(10), " "))
+out = ringmpi.allreduce(np.arange(4.0))
+say("next call", out.tolist())
+"""
+
+
+def test_every_mismatch_raises_on_every_rank(tmp_path):
+    rc, out, secs = job(tmp_path, MISMATCHES, env=SAFETY)
+    assert rc == 0 and secs < 15, (rc, secs, out)
+    for name in ("length", "dtype", "op", "root", "algorithm", "collective", "counts", "segments", "validation"):
+        got = [ln for ln in out.splitlines() if re.match(rf"R\d {name} ", ln)]
+        assert len(got) == 3 and all("raised:" in ln and "ranks disagree" in ln for ln in got), (name, out)
+    val = [ln for ln in out.splitlines() if " validation raised" in ln]
+    assert all("recvbuf has 7 elements, expected 8" in ln for ln in val), out  # rank 1's own error, on every rank
+    assert out.count("next call [0.0, 3.0, 6.0, 9.0]") == 3, out
+
+
+# -- 3: buffers the call writes are validated; ndarray subclasses work ---------------------
+
+READONLY = """
+x = np.arange(1.0, 5.0)
+y = x.copy()
+y.setflags(write=False)
+try:
+    ringmpi.allreduce(y, y, algorithm="recursive_doubling")
+    say("allreduce NO ERROR")
+except RingmpiUsageError as e:
+    say("allreduce raised:", e)
+# reduce writes on the root only: there the read-only in-place buffer is refused before any
+# message moves, and the root's next, valid call meets the other ranks' call
+if r == 0:
+    try:
+        ringmpi.reduce(y, y, root=0, algorithm="ring")
+        say("reduce NO ERROR")
+    except RingmpiUsageError as e:
+        say("reduce raised:", e)
+out = ringmpi.reduce(y, y if r else None, root=0, algorithm="ring")
+if r == 0:
+    say("next reduce", out.tolist())
+m = np.matrix([[1.0, 2.0], [3.0, 4.0]])
+s = ringmpi.allreduce(m, algorithm="naive")
+say("matrix", np.asarray(s).ravel().tolist(), type(s).__name__)
+mm = np.matrix([[1.0, 2.0], [3.0, 4.0]])
+ringmpi.allreduce(mm, mm, algorithm="ring")
+say("matrix in place", np.asarray(mm).ravel().tolist())
+"""
+
+
+def test_read_only_in_place_and_matrix(tmp_path):
+    rc, out, secs = job(tmp_path, READONLY)
+    assert rc == 0, out
+    raised = [ln for ln in out.splitlines() if "raised:" in ln]
+    assert len(raised) == 4 and all("sendbuf is read-only" in ln for ln in raised), out
+    assert "R0 next reduce [3.0, 6.0, 9.0, 12.0]" in out, out
+    assert out.count("[3.0, 6.0, 9.0, 12.0] ndarray") == 3, out
+    assert out.count("matrix in place [3.0, 6.0, 9.0, 12.0]") == 3, out
+
+
+POISON = """
+from ringmpi.api import group
+t = group()
+x = np.arange(1.0, 5.0)
+if r == 0:  # the root fails after the others have sent their blocks
+    real = t.exchange
+    def failing(sends, recvs):
+        t.exchange = real
+        raise MemoryError("injected on the root")
+    t.exchange = failing
+try:
+    ringmpi.reduce(x * 100, root=0, algorithm="ring")
+    say("first reduce finished")
+except MemoryError as e:
+    say("first reduce failed:", e)
+out = ringmpi.reduce(x, root=0, algorithm="ring")
+if r == 0:
+    say("next reduce", out.tolist())
+out = ringmpi.allreduce(x, algorithm="naive")
+say("next allreduce", out.tolist())
+"""
+
+
+def test_stale_messages_never_reach_the_next_call(tmp_path):
+    """A failure on the root after the others sent leaves their messages unreceived: the
+    next calls must not receive them (every call has its own tag)."""
+    rc, out, secs = job(tmp_path, POISON)
+    assert rc == 0, out
+    assert "R0 first reduce failed: injected on the root" in out, out
+    assert "R0 next reduce [3.0, 6.0, 9.0, 12.0]" in out, out
+    assert out.count("next allreduce [3.0, 6.0, 9.0, 12.0]") == 3, out
+
+
+# -- 4: memory stays flat over many communicators -------------------------------------------
+
+MEMORY = """
+def rss():
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+x = np.ones(3 << 20)  # 24 MB of float64
+marks = {}
+for i in range(300):
+    sub = W.Split(0, r)
+    out = ringmpi.allreduce(x, comm=sub, algorithm="ring")
+    assert out[0] == P
+    sub.Free()
+    if i in (20, 299):
+        marks[i] = rss()
+say("rss MB", round(marks[20] / 1e6), round(marks[299] / 1e6))
+for n in range(1000):
+    ringmpi.allreduce(np.ones(n + 1))
+say("choices", len(ringmpi.api.group().choices))
+"""
+
+
+def test_memory_is_flat_over_many_communicators(tmp_path):
+    rc, out, secs = job(tmp_path, MEMORY, n=2, timeout=240)
+    assert rc == 0, out
+    for ln in lines(out, "R"):
+        if "rss MB" in ln:
+            at20, at299 = map(int, ln.split()[-2:])
+            assert at299 - at20 < 100, ln  # a transport per communicator kept: 280 x 24 MB of scratch
+        if "choices" in ln:
+            assert int(ln.split()[-1]) <= 256, ln
+
+
+# -- 5: counts above what the MPI library's own collectives take -----------------------------
+
+LIMIT = """
+from ringmpi.api import group
+t = group()
+t.max_count = 5  # pretend the library's counts stop at 5 elements
+x = np.arange(17.0) + r
+ref = np.empty_like(x)
+W.Allreduce(x, ref)
+for coll, call in (("allreduce", lambda: ringmpi.allreduce(x, algorithm="mpi")),
+                   ("reduce", lambda: ringmpi.reduce(x, root=1, algorithm="mpi")),
+                   ("broadcast", lambda: ringmpi.broadcast(x.copy(), root=1, algorithm="mpi"))):
+    out = call()
+    want = ref if coll != "broadcast" else W.bcast(x, 1)
+    say(coll, "mpi in pieces", out is None or np.array_equal(out, want))
+for coll, call in (("reduce_scatter", lambda: ringmpi.reduce_scatter(np.ones(6 * P))),
+                   ("allgather", lambda: ringmpi.allgather(np.ones(6))),
+                   ("alltoall", lambda: ringmpi.alltoall(np.ones(6 * P)))):
+    call()
+    say(coll, "auto chose", group().last_choice["algorithm"])
+try:
+    ringmpi.alltoall(np.ones(6 * P), algorithm="mpi")
+except RingmpiUsageError as e:
+    say("refused:", e)
+"""
+
+
+def test_auto_never_picks_what_cannot_serve_the_count(tmp_path):
+    rc, out, secs = job(tmp_path, LIMIT, n=2)
+    assert rc == 0, out
+    assert out.count("mpi in pieces True") == 6, out
+    chose = [ln.split()[-1] for ln in out.splitlines() if "auto chose" in ln]
+    assert len(chose) == 6 and "mpi" not in chose, out
+    assert out.count("algorithm 'mpi' cannot take 12 elements") == 2, out
+
+
+HUGE = """
+n = (1 << 31) + 5   # above the C-int count limit, as the MPI wheel takes it
+for alg in ("mpi", "auto"):
+    buf = np.full(n, 7 if r == 0 else 0, np.uint8)
+    ringmpi.broadcast(buf, root=0, algorithm=alg)
+    say(alg, "broadcast ok", bool(buf[0] == 7 and buf[-1] == 7 and buf[n // 2] == 7))
+    del buf
+"""
+
+
+@pytest.mark.skipif(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") < 12e9, reason="needs 12 GB")
+def test_broadcast_above_two_gib_with_the_library(tmp_path):
+    rc, out, secs = job(tmp_path, HUGE, n=2, timeout=240)
+    assert rc == 0 and out.count("broadcast ok True") == 4, out
+
+
+# -- 6: the stall inspector watches each communicator (and thread) on its own ---------------
+
+THREADS = """
+a, b = W.Dup(), W.Dup()
+x = np.ones(8)
+ringmpi.allreduce(x, comm=a)  # both communicators set up on every rank
+ringmpi.allreduce(x, comm=b)
+def stuck():
+    if r != 1:
+        ringmpi.allreduce(x, comm=a, algorithm="ring")  # rank 1 never comes
+def busy():
+    end = time.time() + 60
+    while time.time() < end:
+        ringmpi.allreduce(x, comm=b, algorithm="ring")
+ts = [threading.Thread(target=stuck), threading.Thread(target=busy)]
+for th in ts:
+    th.start()
+for th in ts:
+    th.join()
+say("finished")
+"""
+
+
+def test_a_busy_thread_does_not_hide_a_stuck_one(tmp_path):
+    rc, out, secs = job(tmp_path, THREADS, env=SAFETY)
+    assert rc not in (0, 124) and secs < 15, (rc, secs, out)
+    assert re.search(r"has waited \d+ s in allreduce/ring \(ranks \[1\] have not arrived\); aborting the job", out), out
