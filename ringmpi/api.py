@@ -13,18 +13,22 @@ Errors read 'ringmpi.CALL (rank r of p): what was expected, what came'.
 """
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, Callable
 
 import numpy as np
 
 from . import auto as _auto
 from . import schedules as _alg
+from . import settings as settings_module
 from .call import Call
 from .errors import RingmpiError, RingmpiUsageError
 from .ops import SUPPORTED_DTYPES, check_op_dtype
 from .settings import settings
+from .transport import PLANS, forget_plans
 
-__all__ = ["execute", "Edge", "group", "algorithms", "last_choice", "RingmpiUsageError", "RingmpiError"]
+__all__ = ["execute", "Edge", "group", "algorithms", "last_choice", "send_recv_plan", "call_plan", "RingmpiUsageError",
+           "RingmpiError"]
 
 # (kind, itemsize): np.longlong and np.int64 are different chars of the same type
 _DTYPE_KEYS = frozenset((d.kind, d.itemsize) for d in SUPPORTED_DTYPES)
@@ -133,9 +137,10 @@ class Edge:
         return c
 
 
-def execute(spec: Any, comm: Any, algorithm: Any, args: dict) -> Any:
+def execute(spec: Any, comm: Any, algorithm: Any, args: dict, key: tuple | None = None) -> Any:
     """Run one public collective call: `spec.prepare` validates `args` and returns the
-    `Call` and what the public function returns."""
+    `Call` and what the public function returns. With `key` (the call's shape, computed by
+    the public function), a plan is kept so that the next identical call skips all this."""
     try:
         t = group(comm)
     except TypeError as e:
@@ -159,10 +164,22 @@ def execute(spec: Any, comm: Any, algorithm: Any, args: dict) -> Any:
     try:
         if st.check and t.size > 1:
             _agree(e, algorithm, call, problem)
-        alg, call = _resolve(e, spec, algorithm, call)
-        alg.run(t, call)
+        alg, call, choice = _resolve(e, spec, algorithm, call)
+        tuner = choice.get("tuner")
+        if tuner is None:
+            alg.run(t, call)
+        else:  # online tuning: run (and time) the candidate as its plan will serve it
+            plan = _algorithm_plan(t, spec, args, alg, call, choice, _slow(spec, comm, algorithm, args))
+            t0 = time.perf_counter()
+            result = plan(args[spec.send_arg], args.get(spec.recv_arg))
+            if choice["timed"] and tuner.done(t, alg.name, time.perf_counter() - t0):
+                forget_plans()
     finally:
         t.end()
+    if key is not None and not st.check and (tuner is None or tuner.winner is not None):
+        if len(PLANS) >= 4096:
+            forget_plans()
+        PLANS[key] = _plan(t, spec, comm, algorithm, args, alg, call, choice)
     return result
 
 
@@ -193,17 +210,19 @@ def _agree(e: Edge, algorithm: str, call: Call | None, problem: Exception | None
         e.fail(f"ranks disagree on this collective call (RINGMPI_CHECK): {verdict}")
 
 
-def _resolve(e: Edge, spec: Any, algorithm: str, call: Call) -> tuple[Any, Call]:
-    """The algorithm to run (auto's choice, or the named one) and the call with its tunables."""
+def _resolve(e: Edge, spec: Any, algorithm: str, call: Call) -> tuple[Any, Call, dict]:
+    """The algorithm to run (auto's choice, or the named one), the call with its tunables,
+    and the choice (what `last_choice()` reports; under online tuning it holds the tuner)."""
     t = e.t
     if algorithm == "auto":
         try:
             choice = _auto.choose(t, call)
         except ValueError as err:
             e.fail(str(err))
-        name, why = choice["algorithm"], choice
+        name = choice["algorithm"]
     else:
-        name, why = algorithm, None
+        name, choice = algorithm, {"collective": spec.name, "algorithm": algorithm, "why": "requested",
+                                   "bytes": call.count * call.itemsize}
     try:
         alg = _alg.get(spec.name, name)
     except ValueError as err:
@@ -216,6 +235,130 @@ def _resolve(e: Edge, spec: Any, algorithm: str, call: Call) -> tuple[Any, Call]
         given = dict(call.params)
         call = call._replace(params=tuple(sorted({**tuned, **given}.items())))
     t.describe(f"{spec.name}/{name}")
-    t.last_choice = why or {"collective": spec.name, "algorithm": name, "why": "requested",
-                            "bytes": call.count * call.itemsize}
-    return alg, call
+    t.last_choice = choice
+    return alg, call, choice
+
+
+# -- the fast path: plans for calls already validated once ----------------------------------
+
+def _plan(t: Any, spec: Any, comm: Any, algorithm: str, args: dict, alg: Any, call: Call, choice: dict):
+    """A callable plan(sendbuf, recvbuf) -> result for the next calls with the same shape."""
+    tuner = choice.get("tuner")
+    if tuner is not None:  # auto, settled by online tuning: the winner's plan, monitored
+        alg, choice = _alg.get(spec.name, tuner.winner), tuner.choice(tuner.winner)
+    return _algorithm_plan(t, spec, args, alg, call, choice, _slow(spec, comm, algorithm, args), tuner)
+
+
+def _slow(spec: Any, comm: Any, algorithm: str, args: dict) -> Callable:
+    """For a plan: anything unexpected goes to the full path, which explains it."""
+    def slow(sendbuf: Any, recvbuf: Any) -> Any:
+        return execute(spec, comm, algorithm, spec.with_buffers(args, sendbuf, recvbuf))
+    return slow
+
+
+def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice: dict, slow: Callable,
+                    tuner: Any = None) -> Callable:
+    """MPI's own called straight with the user's arrays where the spec knows how (`direct`),
+    else the body after a fresh validation of the buffers (the arguments are known good).
+    Under a tuner every call counts down to the next timed one (`monitored`)."""
+    if alg.cost is None and t.native_serves(call.count, spec.elementwise) and not (
+            call.op in ("MAX", "MIN") and call.dtype.kind == "f"):
+        fast = spec.direct(t, call, args, choice, slow, tuner)
+        if fast is not None:
+            return fast
+    label = f"{spec.name}/{alg.name}"
+    params = call.params
+
+    def run(sendbuf: Any, recvbuf: Any) -> Any:
+        if tuner is not None:
+            tuner.left -= 1
+            if not tuner.left:
+                return monitored(t, tuner, run, sendbuf, recvbuf)
+        c, result = spec.prepare(Edge(spec.name, t), **spec.with_buffers(args, sendbuf, recvbuf))
+        t.begin(label)
+        try:
+            alg.run(t, c._replace(params=params))
+        finally:
+            t.end()
+        t.last_choice = choice
+        return result
+    return run
+
+
+def monitored(t: Any, tuner: Any, plan: Callable, sendbuf: Any, recvbuf: Any) -> Any:
+    """Every SAMPLE-th call of a tuned bucket: timed for the tuner, whose decision (a switch
+    empties the plan cache) comes at the same call on every rank."""
+    tuner.left = tuner.SAMPLE + 1  # the plan's own count takes one
+    t0 = time.perf_counter()
+    out = plan(sendbuf, recvbuf)
+    if tuner.done(t, tuner.winner, time.perf_counter() - t0):
+        forget_plans()
+    return out
+
+
+def send_recv_plan(t: Any, function: str, op: str | None, shape: tuple, dtype: Any, label: str, choice: dict,
+                   slow: Callable, tuner: Any = None) -> Callable:
+    """The library's `function(send, recv[, op])` on the user's arrays: a new result array
+    of `shape` when recvbuf is None, IN_PLACE when recvbuf is sendbuf. This is the fast
+    path's hot loop: no validation beyond what the plan's key guarantees, and anything
+    the key does not cover (overlapping buffers, a read-only result: mpi4py's BufferError,
+    raised before any message moves) goes to the full path, which explains it."""
+    fn, mpi_op, in_place = t.direct(function, op)
+    empty, may_share = np.empty, np.may_share_memory
+
+    def run(sendbuf: Any, recvbuf: Any) -> Any:
+        if tuner is not None:
+            tuner.left -= 1
+            if not tuner.left:
+                return monitored(t, tuner, run, sendbuf, recvbuf)
+        if recvbuf is None:
+            recvbuf, send = empty(shape, dtype), sendbuf
+        elif recvbuf is sendbuf:
+            send = in_place
+        elif (sendbuf.base is not None or recvbuf.base is not None) and may_share(sendbuf, recvbuf):
+            return slow(sendbuf, recvbuf)
+        else:
+            send = sendbuf
+        t.seq += 1
+        t.busy = label
+        try:
+            fn(send, recvbuf, mpi_op) if mpi_op is not None else fn(send, recvbuf)
+        except BufferError:
+            t.seq -= 1
+            t.busy = None
+            return slow(sendbuf, recvbuf)
+        t.busy = None
+        t.last_choice = choice
+        return recvbuf
+    return run
+
+
+def call_plan(t: Any, function: str, build: Callable, label: str, choice: dict, slow: Callable,
+              tuner: Any = None) -> Callable:
+    """The library's `function(*args)` with `(args, result) = build(sendbuf, recvbuf)` (None:
+    the full path) for the collectives whose calls do not fit `send_recv_plan`."""
+    fn = t.direct(function)[0]
+
+    def run(sendbuf: Any, recvbuf: Any) -> Any:
+        if tuner is not None:
+            tuner.left -= 1
+            if not tuner.left:
+                return monitored(t, tuner, run, sendbuf, recvbuf)
+        built = build(sendbuf, recvbuf)
+        if built is None:
+            return slow(sendbuf, recvbuf)
+        t.seq += 1
+        t.busy = label
+        try:
+            fn(*built[0])
+        except BufferError:
+            t.seq -= 1
+            t.busy = None
+            return slow(sendbuf, recvbuf)
+        t.busy = None
+        t.last_choice = choice
+        return built[1]
+    return run
+
+
+settings_module.on_reload(forget_plans)

@@ -1,4 +1,16 @@
-"""`algorithm="auto"`: the candidate with the lowest predicted time, like NCCL's tuner.
+"""`algorithm="auto"`: learned online on the application's own calls (like STAR-MPI), seeded
+and pruned by the cost model, like NCCL's tuner.
+
+Online tuning (RINGMPI_TUNE=1, the default), per (communicator, collective, dtype, op, size
+bucket = bit length of the byte count): the first calls of the bucket run the candidates
+round-robin (one warm-up and five timed calls each); the candidates are MPI's own and every
+algorithm whose formula predicts at most 3x the best formula's time. Each candidate's score
+is the mean of its three fastest calls, combined across ranks with MAX, so every rank picks
+the same winner. The winner is then monitored (every 16th call timed; every 16 samples the
+median, again MAX over ranks) and replaced by the runner-up only when it is >= 10% slower
+than the runner-up's tuned time. A calibrated profile that measured every candidate at that
+size, or a profile holding what an earlier run learned (`save_learned`), seeds the choice
+without exploration. RINGMPI_TUNE=0 keeps the prediction below alone.
 
 Prediction per (collective, algorithm, world size, bytes):
   1. inside the sizes the active profile measured: log-log interpolation of the measured
@@ -16,6 +28,8 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +37,10 @@ from . import schedules as _alg
 from .call import Call
 from .cost import Profile
 from .settings import Settings, log, settings
+from .transport import forget_plans
 
-__all__ = ["DEFAULT", "MARGIN", "choose", "predict_time", "profile_of", "set_profile", "profile_path"]
+__all__ = ["DEFAULT", "MARGIN", "choose", "predict_time", "profile_of", "set_profile", "profile_path", "Tuner",
+           "learned", "save_learned"]
 
 #: Used until `ringmpi calibrate` has measured this machine.
 DEFAULT = Profile(alpha=5e-6, beta=1 / 5e9, gamma=1 / 10e9, overhead=20e-6,
@@ -61,6 +77,8 @@ def set_profile(t: Any, prof: Profile) -> None:
     the choices made under the previous profile are dropped."""
     t.profile = prof
     t.choices.clear()
+    t.tuners.clear()
+    forget_plans()
 
 
 def _interp(points: list, n: int) -> float | None:
@@ -96,32 +114,189 @@ def predict_time(collective: str, algorithm: str, p: int, count: int, itemsize: 
     return min(others) - prof.overhead
 
 
+def _predicted_choice(t: Any, call: Call, prof: Profile, native_ok: bool) -> dict:
+    collective = call.collective.name
+    preds = {a: predict_time(collective, a, t.size, call.count, call.itemsize, prof)
+             for a in _alg.names(collective) if native_ok or _alg.get(collective, a).cost is not None}
+    best = min(preds, key=preds.get)
+    if "mpi" in preds and best != "mpi" and preds[best] > MARGIN * preds["mpi"]:
+        best = "mpi"
+    return {"algorithm": best, "predicted_s": preds, "why": f"lowest predicted time under profile '{prof.name}'"}
+
+
+def _measured_everywhere(prof: Profile, collective: str, names: list[str], p: int, nbytes: int) -> bool:
+    """The profile timed every candidate at sizes around `nbytes` at this world size."""
+    if prof.world_size != p:
+        return False
+    table = prof.measured.get(collective, {})
+    return all(table.get(a) and _interp(table[a], nbytes) is not None for a in names)
+
+
 def choose(t: Any, call: Call) -> dict:
-    """What `auto` runs for this call (identical on every rank): {"algorithm", "why", ...}."""
+    """What `auto` runs for this call (identical on every rank): {"algorithm", "why", ...};
+    under online tuning also "tuner" (the bucket's `Tuner`) and "timed" (time this call)."""
     st = settings()
     collective = call.collective.name
-    key = (collective, call.count, call.itemsize, call.params, st.generation)
-    choice = t.choices.get(key)
+    nbytes = call.count * call.itemsize
+    key = (collective, str(call.dtype), call.op, nbytes.bit_length(), call.params)
+    forced = st.forced(collective)
+    tuner = t.tuners.get(key) if st.tune and forced is None else None
+    if tuner is not None:
+        return tuner.pick()
+    ckey = (collective, call.count, call.itemsize, call.params, st.generation)
+    choice = t.choices.get(ckey)
     if choice is None:
-        forced = st.forced(collective)
+        native_ok = getattr(t, "native_serves", lambda n, e: True)(call.count, call.collective.elementwise)
         if forced is not None:
             _alg.get(collective, forced)  # an unknown name is an error, not ignored
             choice = {"algorithm": forced, "why": "forced by RINGMPI_ALGO"}
         else:
             prof = profile_of(t)
-            native_ok = getattr(t, "native_serves", lambda n, e: True)(call.count, call.collective.elementwise)
-            preds = {a: predict_time(collective, a, t.size, call.count, call.itemsize, prof)
-                     for a in _alg.names(collective) if native_ok or _alg.get(collective, a).cost is not None}
-            best = min(preds, key=preds.get)
-            if "mpi" in preds and best != "mpi" and preds[best] > MARGIN * preds["mpi"]:
-                best = "mpi"
-            choice = {"algorithm": best, "predicted_s": preds,
-                      "why": f"lowest predicted time under profile '{prof.name}'"}
-        choice.update(collective=collective, bytes=call.count * call.itemsize)
-        t.choices.put(key, choice)
+            names = _candidates(t, call, prof, native_ok)
+            learned = prof.learned.get("/".join(map(str, key[:4]))) if prof.world_size == t.size else None
+            if st.tune and learned is None and not _measured_everywhere(prof, collective, names, t.size, nbytes):
+                tuner = t.tuners.put(key, Tuner(key, names, t.rank == 0 and st.info))
+                return tuner.pick()
+            if st.tune and learned is not None:
+                tuner = t.tuners.put(key, Tuner(key, names, t.rank == 0 and st.info, learned))
+                return tuner.pick()
+            choice = _predicted_choice(t, call, prof, native_ok)
+        choice.update(collective=collective, bytes=nbytes)
+        t.choices.put(ckey, choice)
         if st.info and t.rank == 0:
             preds = choice.get("predicted_s", {})
             table = " ".join(f"{a}={s * 1e6:.1f}us" for a, s in sorted(preds.items(), key=lambda kv: kv[1]))
-            log(f"{collective} p={t.size} bytes={call.count * call.itemsize}: {choice['algorithm']} "
-                f"({choice['why']}) {table}", "INFO")
+            log(f"{collective} p={t.size} bytes={nbytes}: {choice['algorithm']} ({choice['why']}) {table}", "INFO")
     return choice
+
+
+PRUNE = 3.0
+
+
+def _candidates(t: Any, call: Call, prof: Profile, native_ok: bool) -> list[str]:
+    """MPI's own (when it can take the count) and every algorithm whose formula predicts at
+    most PRUNE x the best formula's time under `prof`: the ones worth trying online."""
+    collective = call.collective.name
+    preds = {a: _alg.get(collective, a).predict(t.size, call.count, call.itemsize, prof)
+             for a in _alg.names(collective)}
+    known = [v for v in preds.values() if v is not None]
+    best = min(known) if known else 0.0
+    return [a for a, v in preds.items() if (v is None and native_ok) or (v is not None and v <= PRUNE * best)]
+
+
+@dataclass
+class Tuner:
+    """Online choice for one (collective, dtype, op, size bucket) on one communicator.
+
+    Every rank makes the same calls in the same order, so every rank's tuner walks the same
+    schedule and exchanges its timings at the same call: the decisions agree by construction."""
+    key: tuple
+    candidates: list
+    verbose: bool = False
+    seed: dict | None = None
+    WARMUP, TIMED, KEEP, SAMPLE, CHECK, HYSTERESIS = 1, 5, 3, 16, 16, 1.10
+    winner: str | None = None
+    tuned: dict = field(default_factory=dict)
+    times: dict = field(default_factory=dict)
+    samples: list = field(default_factory=list)
+    schedule: list = field(default_factory=list)
+    left: int = 1           # calls until the next timed one
+    explored_s: float = 0.0  # time spent in exploration calls (this rank)
+    calls: int = 0
+
+    def __post_init__(self) -> None:
+        if self.seed:
+            self.winner, self.tuned = self.seed["winner"], dict(self.seed["tuned"])
+            self.left = self.SAMPLE
+        else:
+            rounds = self.WARMUP + self.TIMED
+            self.schedule = [(c, r >= self.WARMUP) for r in range(rounds) for c in self.candidates]
+            self.times = {c: [] for c in self.candidates}
+
+    def pick(self) -> dict:
+        """The algorithm for the next call of the bucket, and whether to time it."""
+        self.calls += 1
+        if self.winner is None:
+            name, timed = self.schedule[self.calls - 1]
+            return {"algorithm": name, "timed": True, "tuner": self, "why": "online tuning: exploring",
+                    "collective": self.key[0]}
+        self.left -= 1
+        timed = self.left == 0
+        if timed:
+            self.left = self.SAMPLE
+        return {**self.choice(self.winner), "timed": timed}
+
+    def choice(self, name: str) -> dict:
+        """What `last_choice()` reports for a call the tuner settled."""
+        return {"algorithm": name, "timed": False, "tuner": self, "tuned_s": self.tuned,
+                "why": "online tuning: the fastest measured", "collective": self.key[0]}
+
+    def done(self, t: Any, name: str, seconds: float) -> bool:
+        """A timed call finished; returns True when the choice changed (plans go stale)."""
+        if self.winner is None:
+            self.explored_s += seconds
+            if self.schedule[self.calls - 1][1]:
+                self.times[name].append(seconds)
+            if self.calls == len(self.schedule):
+                self._decide(t)
+                return True
+            return False
+        self.samples.append(seconds)
+        if len(self.samples) < self.CHECK:
+            return False
+        now = t.allreduce_max([statistics.median(self.samples)])[0]
+        self.samples.clear()
+        others = sorted((v, a) for a, v in self.tuned.items() if a != self.winner)
+        if others and now > self.HYSTERESIS * others[0][0]:
+            old = self.winner
+            self.tuned[old], self.winner = now, others[0][1]
+            self._say(f"switch {old} -> {self.winner}: {old} now {now * 1e6:.1f} us, "
+                      f"{self.winner} tuned {others[0][0] * 1e6:.1f} us")
+            return True
+        return False
+
+    def _decide(self, t: Any) -> None:
+        mine = [sum(sorted(self.times[c])[:self.KEEP]) / self.KEEP for c in self.candidates]
+        every = t.allreduce_max(mine + [self.explored_s])
+        self.tuned = dict(zip(self.candidates, every[:-1]))
+        self.winner = min(self.tuned, key=self.tuned.get)
+        n = len(self.schedule)
+        self.explored_s = every[-1]
+        self.schedule = []
+        self.left = self.SAMPLE
+        self._say(f"chose {self.winner} after {n} calls (exploration cost "
+                  f"{(self.explored_s - n * self.tuned[self.winner]) * 1e3:.3f} ms over the winner): " +
+                  " ".join(f"{a}={v * 1e6:.1f}us" for a, v in sorted(self.tuned.items(), key=lambda kv: kv[1])))
+
+    def _say(self, text: str) -> None:
+        if self.verbose:
+            c, dt, op, bucket = self.key[:4]
+            log(f"auto {c} {dt} {op or ''} {1 << max(bucket - 1, 0)}-{(1 << bucket) - 1} B: {text}", "INFO")
+
+    @property
+    def exploration_cost(self) -> float | None:
+        """Seconds the exploration spent beyond what the winner alone would have taken."""
+        if self.winner is None or self.seed:
+            return None
+        n = (self.WARMUP + self.TIMED) * len(self.candidates)
+        return self.explored_s - n * self.tuned[self.winner]
+
+
+def learned(t: Any) -> dict:
+    """What this communicator's online tuning settled on, in `Profile.learned` form."""
+    return {"/".join(map(str, k[:4])): {"winner": tu.winner, "tuned": tu.tuned}
+            for k, tu in t.tuners.items() if tu.winner is not None and not k[4]}
+
+
+def save_learned(t: Any, path: str | Path | None = None) -> Path | None:
+    """Merge what was learned into the profile file (rank 0 writes; returns the path there),
+    so that the next run starts tuned."""
+    table = learned(t)
+    if t.rank != 0:
+        return None
+    dest = Path(path) if path else profile_path(t.size)
+    prof = Profile.load(dest) if dest.exists() else Profile(**{**vars(DEFAULT), "name": "learned online",
+                                                                "world_size": t.size})
+    prof.learned = {**prof.learned, **table}
+    prof.save(dest)
+    return dest

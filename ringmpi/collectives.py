@@ -14,14 +14,15 @@ Adding a collective is a spec here plus a schedule module in `ringmpi/schedules/
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Sequence
 
 import numpy as np
 
-from .api import Edge, execute, group
+from .api import Edge, call_plan, execute, group, send_recv_plan
 from .call import Call, block_counts, offsets
 from .ops import OPS
-from .transport import IN_PLACE
+from .transport import IN_PLACE, LAST, PLANS
 
 #: the public calls (re-exported by `ringmpi`); the specs are `SPECS` and `spec(name)`
 __all__ = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "shift"]
@@ -54,6 +55,7 @@ class Collective:
     simulated_native = ""    # the algorithm the simulator runs for "mpi" (the library's choice is opaque)
     taught = ""              # the algorithm the lecture's tables show
     has_out_of_place = True
+    send_arg, recv_arg = "sendbuf", "recvbuf"   # the public function's buffer arguments
 
     def busbw_factor(self, p: int) -> float:
         return 1.0
@@ -92,6 +94,18 @@ class Collective:
     def mpi(self, t: Any, call: Call) -> None:
         raise NotImplementedError
 
+    def direct(self, t: Any, call: Call, args: dict, choice: dict, slow: Any, tuner: Any = None) -> Any:
+        """A fast-path plan calling MPI's own with the user's arrays as they are (see
+        `api.send_recv_plan`), or None where this call shape needs the general path."""
+        return None
+
+    def with_buffers(self, args: dict, sendbuf: Any, recvbuf: Any) -> dict:
+        """The public function's arguments `args` with these buffers."""
+        out = {**args, self.send_arg: sendbuf}
+        if self.recv_arg:
+            out[self.recv_arg] = recvbuf
+        return out
+
     def __repr__(self) -> str:
         return f"<collective {self.name}>"
 
@@ -122,6 +136,10 @@ class _Allreduce(Collective):
 
     def mpi(self, t, call):
         t.library("Allreduce", IN_PLACE if call.inplace else call.send, call.recv, call.op)
+
+    def direct(self, t, call, args, choice, slow, tuner=None):
+        return send_recv_plan(t, "Allreduce", call.op, args["sendbuf"].shape, call.dtype, "allreduce/mpi",
+                              choice, slow, tuner)
 
 
 class _ReduceScatter(Collective):
@@ -174,6 +192,12 @@ class _ReduceScatter(Collective):
         if out is not call.recv:
             t.copy(out, call.recv)
 
+    def direct(self, t, call, args, choice, slow, tuner=None):
+        if call.inplace or args["counts"] is not None or not call.count or call.count % t.size:
+            return None  # ringmpi's in-place result sits in block r, MPI's at the front
+        return send_recv_plan(t, "Reduce_scatter_block", call.op, (call.count // t.size,), call.dtype,
+                              "reduce_scatter/mpi", choice, slow, tuner)
+
 
 class _Allgather(Collective):
     name, per_rank, busbw, simulated_native, taught = "allgather", True, "(n-1)/n", "recursive_doubling", "ring"
@@ -223,10 +247,17 @@ class _Allgather(Collective):
         displs = offsets(call.counts)[:-1]
         t.library("Allgatherv", IN_PLACE if call.inplace else call.send, [call.recv, (list(call.counts), displs)])
 
+    def direct(self, t, call, args, choice, slow, tuner=None):
+        if args["counts"] is not None:
+            return None
+        return send_recv_plan(t, "Allgather", None, (call.count,), call.dtype, "allgather/mpi", choice, slow,
+                              tuner)
+
 
 class _Broadcast(Collective):
     name, rooted, simulated_native, taught, has_out_of_place = "broadcast", True, "tree", "pipeline", False
     elementwise = True
+    send_arg, recv_arg = "buf", None
 
     def prepare(self, e, buf, root, segments):
         flat = e.array("buf", buf, writable=True)
@@ -246,6 +277,10 @@ class _Broadcast(Collective):
 
     def mpi(self, t, call):
         t.library("Bcast", call.recv, call.root)
+
+    def direct(self, t, call, args, choice, slow, tuner=None):
+        root = call.root
+        return call_plan(t, "Bcast", lambda buf, _: ((buf, root), buf), "broadcast/mpi", choice, slow, tuner)
 
 
 class _Reduce(Collective):
@@ -315,6 +350,10 @@ class _Alltoall(Collective):
     def mpi(self, t, call):
         t.library("Alltoall", IN_PLACE if call.inplace else call.send, call.recv)
 
+    def direct(self, t, call, args, choice, slow, tuner=None):
+        return send_recv_plan(t, "Alltoall", None, args["sendbuf"].shape, call.dtype, "alltoall/mpi", choice,
+                              slow, tuner)
+
 
 SPECS: dict[str, Collective] = {s.name: s for s in (_Allreduce(), _ReduceScatter(), _Allgather(), _Broadcast(),
                                                      _Reduce(), _Alltoall())}
@@ -330,6 +369,23 @@ def spec(name: str) -> Collective:
 
 
 # -- the public calls ------------------------------------------------------------------------
+# Each call looks for a plan kept by an earlier call of the same shape (`api.execute`): the
+# key is the collective, the communicator, the algorithm, the other arguments, and the
+# buffers' dtype and shape (and whether the result buffer is new, the send buffer, or
+# another one). A miss, or anything that is not an array, takes the full path.
+
+_LAST_ALLREDUCE = LAST.setdefault("allreduce", [None] * 6)
+
+
+def _key(ok: bool, spec: Collective, comm: Any, algorithm: Any, extra: Any, sendbuf: Any, recvbuf: Any) -> tuple | None:
+    if not ok:
+        return None
+    try:
+        return (spec, id(comm), algorithm, extra, sendbuf.dtype, sendbuf.shape,
+                None if recvbuf is None else True if recvbuf is sendbuf else (recvbuf.dtype, recvbuf.shape))
+    except AttributeError:
+        return None
+
 
 def allreduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any = "sum",
               comm: Any = None, algorithm: str = "auto") -> np.ndarray:
@@ -352,7 +408,17 @@ def allreduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any
     Example (mpirun -n 4):
         >>> s = ringmpi.allreduce(np.arange(3.0), algorithm="ring")   # [0, 4, 8] on every rank
     """
-    return execute(_ALLREDUCE, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, op=op))
+    m = _LAST_ALLREDUCE  # the hot path of a training loop: the same buffers as the last call
+    plan = m[5]
+    if plan is not None and m[0]() is sendbuf and m[2] is op and m[3] is comm and m[4] is algorithm and (
+            recvbuf is None if m[1] is None else recvbuf is sendbuf if m[1] is True else m[1]() is recvbuf):
+        return plan(sendbuf, recvbuf)
+    plan = PLANS.get(key := _key(True, _ALLREDUCE, comm, algorithm, id(op), sendbuf, recvbuf))
+    if plan is None:
+        return execute(_ALLREDUCE, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, op=op), key)
+    m[:] = (weakref.ref(sendbuf), recvbuf if recvbuf is None else True if recvbuf is sendbuf else weakref.ref(recvbuf),
+            op, comm, algorithm, plan)
+    return plan(sendbuf, recvbuf)
 
 
 def reduce_scatter(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any = "sum",
@@ -369,7 +435,9 @@ def reduce_scatter(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op
     Example (mpirun -n 2):
         >>> ringmpi.reduce_scatter(np.ones(4))      # [2., 2.] on both ranks
     """
-    return execute(_REDUCE_SCATTER, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, op=op, counts=counts))
+    plan = PLANS.get(key := _key(counts is None, _REDUCE_SCATTER, comm, algorithm, id(op), sendbuf, recvbuf))
+    return plan(sendbuf, recvbuf) if plan is not None else \
+        execute(_REDUCE_SCATTER, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, op=op, counts=counts), key)
 
 
 def allgather(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, comm: Any = None,
@@ -384,7 +452,9 @@ def allgather(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, comm: A
     Example (mpirun -n 2):
         >>> ringmpi.allgather(np.array([rank]))     # [0, 1] on both ranks
     """
-    return execute(_ALLGATHER, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, counts=counts))
+    plan = PLANS.get(key := _key(counts is None, _ALLGATHER, comm, algorithm, None, sendbuf, recvbuf))
+    return plan(sendbuf, recvbuf) if plan is not None else \
+        execute(_ALLGATHER, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, counts=counts), key)
 
 
 def broadcast(buf: np.ndarray, root: int = 0, *, comm: Any = None, algorithm: str = "auto",
@@ -398,7 +468,10 @@ def broadcast(buf: np.ndarray, root: int = 0, *, comm: Any = None, algorithm: st
     Example:
         >>> ringmpi.broadcast(weights, root=0, algorithm="pipeline", segments=16)
     """
-    return execute(_BROADCAST, comm, algorithm, dict(buf=buf, root=root, segments=segments))
+    plan = PLANS.get(key := _key(type(root) is int and (segments is None or type(segments) is int), _BROADCAST, comm,
+                                 algorithm, (root, segments), buf, None))
+    return plan(buf, None) if plan is not None else \
+        execute(_BROADCAST, comm, algorithm, dict(buf=buf, root=root, segments=segments), key)
 
 
 def reduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, root: int = 0, *,
@@ -408,7 +481,9 @@ def reduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, root: int = 0
     `recvbuf` matters on the root only (`recvbuf is sendbuf`: in place). Algorithms:
     "ring" (reduce-scatter, then the blocks to the root), "tree", "naive", "mpi", "auto".
     """
-    return execute(_REDUCE, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, root=root, op=op))
+    plan = PLANS.get(key := _key(type(root) is int, _REDUCE, comm, algorithm, (root, id(op)), sendbuf, recvbuf))
+    return plan(sendbuf, recvbuf) if plan is not None else \
+        execute(_REDUCE, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, root=root, op=op), key)
 
 
 def alltoall(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, comm: Any = None,
@@ -422,7 +497,9 @@ def alltoall(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, comm: An
     Example (mpirun -n 2):
         >>> ringmpi.alltoall(np.array([10 * rank, 10 * rank + 1]))   # rank 0: [0, 10]; rank 1: [1, 11]
     """
-    return execute(_ALLTOALL, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf))
+    plan = PLANS.get(key := _key(True, _ALLTOALL, comm, algorithm, None, sendbuf, recvbuf))
+    return plan(sendbuf, recvbuf) if plan is not None else \
+        execute(_ALLTOALL, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf), key)
 
 
 def shift(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, offset: int = 1,

@@ -41,7 +41,9 @@ FREE = Cost(0, 0, 0, 0, 0, 0)
 class Profile:
     """Machine parameters: alpha (s/message), beta (s/byte), gamma (s/byte reduced), and a
     fixed per-call overhead of ringmpi's Python layer. `measured` holds a tuning table,
-    {collective: {algorithm: [[bytes, seconds], ...]}}, taken at `world_size` ranks."""
+    {collective: {algorithm: [[bytes, seconds], ...]}}, taken at `world_size` ranks;
+    `learned` what online tuning settled on, {"collective/dtype/op/bucket": {"winner": name,
+    "tuned": {algorithm: seconds}}} (bucket: the bit length of the byte count)."""
     alpha: float
     beta: float
     gamma: float = 0.0
@@ -50,6 +52,7 @@ class Profile:
     world_size: int | None = None
     measured: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
+    learned: dict = field(default_factory=dict)
 
     @property
     def bandwidth(self) -> float:

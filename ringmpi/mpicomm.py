@@ -34,7 +34,7 @@ from . import stall
 from .backend import NUMPY, ArrayBackend, ScratchPool
 from .ops import OPS, op_name
 from .settings import log, settings
-from .transport import IN_PLACE, LRU, Counters
+from .transport import IN_PLACE, LRU, Counters, forget_plans
 
 __all__ = ["MPI", "MPITransport", "transport", "world_position", "abort_on_exception", "library_version", "mpi_standard", "mpi4py_version", "INT_MAX"]
 
@@ -77,20 +77,21 @@ class MPITransport:
         self.max_count = max_count
         self.counters = Counters()
         self.pool = ScratchPool(backend)
-        self.seq = 0
+        self.seq = 0                      # calls so far (the same on every rank): the tag, and the stall watch
         self.tag = 0
         self.waiting_for: list[int] | None = None   # ranks a call is known to wait for (stall messages)
         self.profile: Any = None          # ringmpi.cost.Profile, read once (ringmpi.auto)
         self.choices = LRU(256)           # auto's decisions per call shape
         self.last_choice: dict | None = None
         self.freed = False
+        self.tuners = LRU(256)            # online tuning per (collective, dtype, op, size bucket)
         # the duplicates are collective over the communicator: a rank that never comes is
         # named by the stall inspector like any other waiting call
-        self.inflight: tuple[str, float] | None = ("communicator set-up (MPI_Comm_dup)", time.monotonic())
+        self.busy: str | None = "communicator set-up (MPI_Comm_dup)"  # the call in flight, for the stall watch
         stall.track(self)
         self.comm = user.Dup()
         self.ctl = user.Dup()
-        self.inflight = None
+        self.busy = None
         ub = self.comm.Get_attr(MPI.TAG_UB)
         self._tags = max(2, min(ub if isinstance(ub, int) else 32767, 1 << 30))
 
@@ -99,15 +100,14 @@ class MPITransport:
         self.seq += 1
         self.tag = self.seq % self._tags
         self.pool.reset()
-        self.inflight = (name, time.monotonic())
+        self.busy = name
         return self.seq
 
     def describe(self, label: str) -> None:
-        if self.inflight is not None:
-            self.inflight = (label, self.inflight[1])
+        self.busy = label
 
     def end(self) -> None:
-        self.inflight = None
+        self.busy = None
         self.waiting_for = None
 
     # -- data movement -------------------------------------------------------------------
@@ -229,6 +229,22 @@ class MPITransport:
     def allgather_obj(self, obj: Any) -> list:
         return self.ctl.allgather(obj)
 
+    def allreduce_max(self, values: list) -> list:
+        """Element-wise MAX over ranks (auto's timings: every rank then decides alike)."""
+        arr = np.array(values, dtype=np.float64)
+        busy = self.busy
+        self.busy = f"{busy or 'auto'} (tuning exchange)"
+        try:
+            self.ctl.Allreduce(MPI.IN_PLACE, arr, MPI.MAX)
+        finally:
+            self.busy = busy
+        return arr.tolist()
+
+    def direct(self, function: str, op: str | None = None) -> tuple[Any, Any, Any]:
+        """(the library's communicator method, its op object, its IN_PLACE) for the fast
+        path's plans, which call MPI with the user's arrays as they are."""
+        return getattr(self.comm, function), _MPI_OPS[op] if op else None, MPI.IN_PLACE
+
     def gather_at(self, obj: Any, leader: int = 0) -> list | None:
         """Every rank's `obj` at `leader` (None elsewhere), point to point on the control
         communicator, so that while it waits the leader knows which ranks have not arrived
@@ -307,10 +323,12 @@ def abort_on_exception(tp: type, value: BaseException, tb: Any) -> None:
     sys.stderr.write(f"ringmpi: rank {r} of {p} raised an uncaught {tp.__name__}; aborting the job "
                      "(RINGMPI_ABORT_ON_EXCEPTION=1)\n")
     sys.stderr.flush()
+    time.sleep(0.5)  # let the launcher forward the traceback before the abort tears the job down
     MPI.COMM_WORLD.Abort(1)
 
 
 def _delete(_comm: Any, _key: int, t: MPITransport) -> None:
+    forget_plans()
     t.release()
     if _LAST and _LAST[1] is t:
         _LAST.clear()

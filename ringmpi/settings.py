@@ -12,6 +12,8 @@ plans and choices compare against.
     RINGMPI_STALL_WARN   seconds a rank may wait in one call before it is named (default 60; 0 off)
     RINGMPI_STALL_ABORT  seconds after which the whole job is aborted instead (default 0: never)
     RINGMPI_PROFILE      the profile `auto` reads (default ~/.cache/ringmpi/profile-pP.json)
+    RINGMPI_TUNE         1 (default): `auto` learns online, trying the candidates on the first
+                         calls of each size; 0: `auto` is the profile's prediction alone
     RINGMPI_ABORT_ON_EXCEPTION  1: an uncaught exception on one rank prints its traceback
                          and aborts the whole job (MPI_Abort) instead of leaving the other
                          ranks waiting; on by default under `python -m ringmpi.launch`
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 
 from .errors import RingmpiUsageError
 
-__all__ = ["Settings", "settings", "reload", "log", "DEBUG_LEVELS"]
+__all__ = ["Settings", "settings", "reload", "on_reload", "log", "DEBUG_LEVELS"]
 
 DEBUG_LEVELS = ("WARN", "INFO", "TRACE")
 
@@ -40,6 +42,7 @@ class Settings:
     stall_abort: float = 0.0
     profile: str = ""
     abort_on_exception: bool = False
+    tune: bool = True
     generation: int = 0
 
     def forced(self, collective: str) -> str | None:
@@ -95,12 +98,19 @@ def _read(env: dict, generation: int) -> Settings:
     return Settings(algo=_algo(env.get("RINGMPI_ALGO", "")), debug=debug,
                     debug_file=env.get("RINGMPI_DEBUG_FILE", ""), check=_flag(env, "RINGMPI_CHECK"),
                     abort_on_exception=_flag(env, "RINGMPI_ABORT_ON_EXCEPTION"),
+                    tune=_flag(env, "RINGMPI_TUNE") or env.get("RINGMPI_TUNE", "").strip() == "",
                     stall_warn=_seconds(env, "RINGMPI_STALL_WARN", 60.0),
                     stall_abort=_seconds(env, "RINGMPI_STALL_ABORT", 0.0),
                     profile=env.get("RINGMPI_PROFILE", ""), generation=generation)
 
 
 _CURRENT: list[Settings] = []
+_ON_RELOAD: list = []
+
+
+def on_reload(fn) -> None:
+    """Call `fn()` whenever the settings are read again (caches made under the old ones go)."""
+    _ON_RELOAD.append(fn)
 
 
 def settings() -> Settings:
@@ -115,6 +125,8 @@ def reload(env: dict | None = None) -> Settings:
     gen = _CURRENT[0].generation + 1 if _CURRENT else 1
     new = _read(dict(os.environ if env is None else env), gen)
     _CURRENT[:] = [new]
+    for fn in _ON_RELOAD:
+        fn()
     return new
 
 

@@ -1,14 +1,15 @@
 """Stall inspector: nothing hangs silently.
 
-Every communicator's transport marks the call it is in (`inflight`: what, since when) for
-as long as the call may wait for another rank; the hot path pays two attribute writes. A
-daemon thread, started when the first transport is tracked, looks at every live transport
-about once a second: a call still in flight after RINGMPI_STALL_WARN seconds (default 60;
-0 turns warnings off) is named on stderr once; past RINGMPI_STALL_ABORT seconds (default:
-never) the whole job is aborted with that message, like Horovod's stall inspector. Each
-communicator is watched on its own, so a busy thread on one communicator never hides a
-stuck one on another. The usual cause is a rank that skipped the collective (inside an
-`if`) or called another one.
+Every communicator's transport says, for as long as a call may wait for another rank, what
+it is `busy` with (a label), next to the call's sequence number `seq`: the hot path pays
+two attribute writes, an increment and no clock. A daemon thread, started when the first transport is
+tracked, looks at every live transport about once a second and remembers when it first saw
+each (transport, seq) busy: a call still in flight after RINGMPI_STALL_WARN seconds
+(default 60; 0 turns warnings off) is named on stderr once; past RINGMPI_STALL_ABORT seconds
+(default: never) the whole job is aborted with that message, like Horovod's stall
+inspector. Each communicator is watched on its own, so a busy thread on one communicator
+never hides a stuck one on another. The usual cause is a rank that skipped the collective
+(inside an `if`) or called another one.
 """
 from __future__ import annotations
 
@@ -28,8 +29,7 @@ _LOCK = threading.Lock()
 
 
 def track(t: Any) -> None:
-    """Watch transport `t` (it has rank, size, abort() and an `inflight` attribute that is
-    None or (label, monotonic start time))."""
+    """Watch transport `t` (it has rank, size, abort(), `seq`, and `busy`: a label or None)."""
     with _LOCK:
         _TRACKED.add(t)
         if not _THREAD:
@@ -50,6 +50,7 @@ def _period(warn: float, abort: float) -> float:
 
 def _watch() -> None:
     warned: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+    seen: "weakref.WeakKeyDictionary[Any, tuple[int, float]]" = weakref.WeakKeyDictionary()
     while True:
         try:
             s = settings()
@@ -59,10 +60,13 @@ def _watch() -> None:
         time.sleep(_period(s.stall_warn, s.stall_abort))
         now = time.monotonic()
         for t in tracked():
-            cur = t.inflight
-            if cur is None:
+            seq, label = t.seq, t.busy
+            if not label:
                 continue
-            label, started = cur
+            first = seen.get(t)
+            if first is None or first[0] != seq:
+                seen[t] = first = (seq, now)
+            started = first[1]
             waited = now - started
             where = f"ringmpi: rank {t.rank} of {t.size} has waited {waited:.0f} s in {label}"
             missing = getattr(t, "waiting_for", None)
@@ -73,6 +77,7 @@ def _watch() -> None:
                 sys.stderr.write(f"{where}; aborting the job (RINGMPI_STALL_ABORT={s.stall_abort:g}). A rank may "
                                  "have skipped this collective or called another one.\n")
                 sys.stderr.flush()
+                time.sleep(0.5)  # let the launcher forward the message before the abort tears the job down
                 t.abort(3)
             if s.stall_warn and waited > s.stall_warn and warned.get(t) != started:
                 warned[t] = started

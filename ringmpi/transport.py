@@ -22,7 +22,23 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, runtime_checkable
 
-__all__ = ["Counters", "Transport", "Group", "IN_PLACE", "LRU"]
+__all__ = ["Counters", "Transport", "Group", "IN_PLACE", "LRU", "PLANS", "LAST", "forget_plans"]
+
+#: The fast-path plan cache (`ringmpi.api`): a validated call shape -> a callable that serves
+#: the next identical calls. Emptied (`forget_plans`) whenever what a plan assumed changes:
+#: the settings, a communicator's profile, an online-tuning decision, a freed communicator.
+PLANS: dict = {}
+#: Per public function, the last call's (weakref to sendbuf, recvbuf: None, True for the
+#: send buffer or a weakref, op, comm, algorithm, plan): the fast path's first look, by
+#: identity, before any hashing (`ringmpi.allreduce` in a training loop calls it with the
+#: same buffers every step).
+LAST: dict = {}
+
+
+def forget_plans() -> None:
+    PLANS.clear()
+    for memo in LAST.values():
+        memo[5] = None
 
 
 class _InPlace:
@@ -81,6 +97,8 @@ class Group(Transport, Protocol):
     def wtime(self) -> float: ...
     def bcast_obj(self, obj: Any, root: int = 0) -> Any: ...
     def allgather_obj(self, obj: Any) -> list: ...
+    def allreduce_max(self, values: list) -> list: ...
+    def direct(self, function: str, op: str | None = None) -> tuple: ...
     def abort(self, code: int = 1) -> None: ...
 
 

@@ -60,23 +60,87 @@ def test_p2p_samples_and_tuning_table():
     assert prof.measured == {"allreduce": {"mpi": [[400, 9e-6]]}}
 
 
-def fake_transport(prof, size=4):
-    """The per-communicator state auto keeps (a transport's `profile` and `choices`)."""
-    t = types.SimpleNamespace(rank=0, size=size, profile=None, choices=LRU(8))
+def fake_transport(prof, size=4, others=()):
+    """The per-communicator state auto keeps (a transport's profile, choices and tuners);
+    `others` are the other ranks' values in the MAX exchanges of online tuning."""
+    t = types.SimpleNamespace(rank=0, size=size, profile=None, choices=LRU(8), tuners=LRU(8),
+                              allreduce_max=lambda v: [max(x, *o) for x, o in zip(v, zip(*others))] if others else v)
     auto.set_profile(t, prof)
     return t
 
 
-def choose(t, collective, count, itemsize=4):
+def choose(t, collective, count, itemsize=4, full=False):
     dtype = np.dtype(f"f{itemsize}")
-    return auto.choose(t, Call(SPECS[collective], np.empty(0, dtype), None, count))["algorithm"]
+    op = "SUM" if SPECS[collective].reduces else None
+    c = auto.choose(t, Call(SPECS[collective], np.empty(0, dtype), None, count, op))
+    return c if full else c["algorithm"]
 
 
 @pytest.fixture(autouse=True)
 def plain_settings():
-    settings.reload({})
+    settings.reload({"RINGMPI_TUNE": "0"})  # the profile's prediction alone; online tuning below
     yield
     settings.reload()
+
+
+def test_online_tuning_explores_then_picks_the_fastest_over_ranks():
+    """Round-robin exploration (1 warm-up + 5 timed calls each), score = mean of the 3
+    fastest, MAX over ranks: a candidate fast on this rank but slow on another loses."""
+    settings.reload({})
+    others = [[0.0] * 10]  # filled below once the candidate order is known
+    t = fake_transport(Profile(alpha=5e-6, beta=1 / 5e9, gamma=1 / 10e9), size=2, others=others)
+    first = choose(t, "allreduce", 1000, full=True)
+    tuner = first["tuner"]
+    names = tuner.candidates
+    assert "mpi" in names and len(tuner.schedule) == 6 * len(names)
+    speed = {a: 10e-6 * (i + 1) for i, a in enumerate(names)}   # here: names[0] is fastest
+    others[0] = [speed[a] if a != names[0] else 1.0 for a in names] + [0.0]  # ...but slow on rank 1
+    c = first
+    for i in range(len(tuner.schedule)):
+        if i:
+            c = choose(t, "allreduce", 1000, full=True)
+        assert c["algorithm"] == names[i % len(names)]  # interleaved rounds
+        tuner.done(t, c["algorithm"], speed[c["algorithm"]])
+    assert tuner.winner == names[1] and tuner.tuned[names[0]] == 1.0
+    assert choose(t, "allreduce", 1000) == names[1]
+    assert choose(t, "allreduce", 900) == names[1]           # same size bucket (2-4 KiB): same tuner
+    assert choose(t, "allreduce", 3000, full=True)["why"] == "online tuning: exploring"  # next bucket
+
+
+def test_online_tuning_switches_only_past_the_hysteresis():
+    settings.reload({})
+    t = fake_transport(Profile(alpha=5e-6, beta=1 / 5e9, gamma=1 / 10e9), size=2)
+    tuner = auto.Tuner(("allreduce", "float32", "SUM", 10, ()), ["mpi", "ring"],
+                       seed={"winner": "mpi", "tuned": {"mpi": 10e-6, "ring": 12e-6}})
+    for _ in range(tuner.CHECK):  # 12.9 us: slower than it was, but not 10% over ring's 12 us
+        assert tuner.done(t, "mpi", 12.9e-6) is False
+    assert tuner.winner == "mpi"
+    changed = [tuner.done(t, "mpi", 13.5e-6) for _ in range(tuner.CHECK)]
+    assert changed[-1] is True and tuner.winner == "ring" and tuner.tuned["mpi"] == pytest.approx(13.5e-6)
+
+
+def test_candidates_predicted_far_slower_are_never_tried():
+    settings.reload({})
+    t = fake_transport(Profile(alpha=5e-6, beta=1 / 5e9, gamma=1 / 10e9), size=8)
+    tuner = choose(t, "allreduce", 1 << 24, full=True)["tuner"]  # 64 MiB on 8 ranks
+    assert "mpi" in tuner.candidates and "ring" in tuner.candidates
+    assert "naive" not in tuner.candidates and "tree" not in tuner.candidates
+
+
+def test_learned_choices_seed_the_next_run(tmp_path):
+    settings.reload({"RINGMPI_PROFILE": str(tmp_path / "p.json")})
+    t = fake_transport(Profile(alpha=5e-6, beta=1 / 5e9, world_size=2), size=2)
+    tuner = choose(t, "allreduce", 1000, full=True)["tuner"]
+    for _ in tuner.schedule:
+        name = tuner.schedule[tuner.calls - 1][0]
+        tuner.done(t, name, 1e-6 if name == "ring" else 2e-6)
+        if tuner.winner is None:
+            choose(t, "allreduce", 1000)
+    assert tuner.winner == "ring" and tuner.exploration_cost == pytest.approx(6 * 1e-6 * (len(tuner.candidates) - 1))
+    path = auto.save_learned(t)
+    fresh = fake_transport(Profile.load(path), size=2)
+    c = choose(fresh, "allreduce", 1000, full=True)
+    assert c["algorithm"] == tuner.winner and c["why"] == "online tuning: the fastest measured"
 
 
 def test_auto_interpolates_measurements_and_keeps_mpi_within_margin():

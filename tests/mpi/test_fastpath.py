@@ -1,0 +1,134 @@
+"""The fast path: a call repeated with the same shape is served by a kept plan (MPI's own
+called straight, or the algorithm after a lighter validation), and must give what the full
+path gives: MPI's own result on fresh random data every time, the same bits on every rank,
+the same clear errors for bad buffers, the send buffer untouched. And online tuning: every
+rank explores the same candidates and settles on the same winner."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import ringmpi
+from ringmpi.api import group
+from ringmpi.transport import PLANS
+
+COMM = MPI.COMM_WORLD
+P, R = COMM.size, COMM.rank
+
+
+def reference(collective: str, x: np.ndarray, root: int = 0) -> np.ndarray | None:
+    out = np.empty_like(x)
+    if collective == "allreduce":
+        COMM.Allreduce(x, out)
+    elif collective == "reduce":
+        COMM.Reduce(x, out if R == root else None, root=root)
+        return out if R == root else None
+    elif collective == "broadcast":
+        return COMM.bcast(x, root)
+    elif collective == "alltoall":
+        COMM.Alltoall(x, out)
+    elif collective == "allgather":
+        return np.concatenate(COMM.allgather(x))
+    elif collective == "reduce_scatter":
+        COMM.Allreduce(x, out)
+        return np.split(out, P)[R]
+    return out
+
+
+def call(collective, x, out, alg, root=0):
+    if collective == "broadcast":
+        return ringmpi.broadcast(x, root, algorithm=alg)
+    if collective == "reduce":
+        return ringmpi.reduce(x, out, root, algorithm=alg)
+    return getattr(ringmpi, collective)(x, out, algorithm=alg)
+
+
+COLLECTIVES = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall"]
+
+
+@pytest.mark.parametrize("collective", COLLECTIVES)
+def test_repeated_calls_match_mpi(collective, rng):
+    """Five calls per (algorithm, placement) with fresh data: the first builds the plan,
+    the others use it."""
+    n = 6 * P
+    for alg in ringmpi.algorithms(collective) + ["auto"]:
+        for place in ("new", "given", "inplace"):
+            if collective in ("broadcast",) and place != "inplace":
+                continue
+            for _ in range(5):
+                x = rng.integers(-50, 50, n).astype(np.float64)
+                root = 1 % P
+                want = reference(collective, x, root)
+                keep = x.copy()
+                if place == "new":
+                    got = call(collective, x, None, alg, root)
+                elif place == "given":
+                    size = n * P if collective == "allgather" else n // P if collective == "reduce_scatter" else n
+                    out = np.full(size, -1.0)
+                    got = call(collective, x, out, alg, root)
+                    assert got is None or got is out
+                else:
+                    if collective == "allgather":
+                        x = np.zeros(n * P)
+                        x[R * n:(R + 1) * n] = keep
+                    got = call(collective, x, x, alg, root)
+                    if collective == "reduce_scatter":
+                        got = x[R * (n // P):(R + 1) * (n // P)]
+                    elif collective in ("allreduce", "alltoall", "allgather", "broadcast") or R == root:
+                        got = x
+                what = f"{collective}/{alg} {place}"
+                if want is None:
+                    assert got is None, what
+                else:
+                    assert np.array_equal(got, want), what
+                if place != "inplace":
+                    assert np.array_equal(x, keep), what + ": sendbuf modified"
+
+
+def test_plans_are_kept_and_used():
+    x = np.ones(10)
+    ringmpi.allreduce(x, algorithm="mpi")
+    before = len(PLANS)
+    t = group()
+    seq = t.seq
+    for _ in range(10):
+        ringmpi.allreduce(x, algorithm="mpi")
+    assert len(PLANS) == before and t.seq == seq + 10  # the plan served them, one sequence number each
+    assert ringmpi.last_choice()["algorithm"] == "mpi"
+
+
+@pytest.mark.parametrize("alg", ["mpi", "ring", "auto"])
+def test_bad_buffers_on_the_fast_path_get_the_full_error(alg):
+    """A plan exists for this shape; buffers the key cannot tell apart still get the
+    full path's errors: read-only result, overlap, non-contiguous of the same shape."""
+    x = np.arange(8.0)
+    y = np.empty(8)
+    for _ in range(3):
+        ringmpi.allreduce(x, y, algorithm=alg)
+    ro = np.empty(8)
+    ro.flags.writeable = False
+    big = np.arange(16.0)
+    for bad, needle in ((ro, "read-only"), (big[4:12], "overlaps"), (np.empty(16)[::2], "C-contiguous")):
+        src = big[:8] if needle == "overlaps" else x
+        with pytest.raises(ringmpi.RingmpiUsageError, match=needle):
+            ringmpi.allreduce(src, bad, algorithm=alg)
+    assert np.array_equal(ringmpi.allreduce(x, y, algorithm=alg), x * P)  # and the next call is fine
+
+
+def test_online_tuning_agrees_on_every_rank(rng):
+    """auto explores on the first calls of each size bucket; every rank runs the same
+    candidate at the same call and settles on the same winner, results exact throughout."""
+    t = group()
+    for n in (1, 100, 3000, 70_000):
+        x = rng.integers(-50, 50, n).astype(np.float32)
+        want = reference("allreduce", x)
+        picks = []
+        for _ in range(60):
+            assert np.array_equal(ringmpi.allreduce(x), want)
+            picks.append(ringmpi.last_choice()["algorithm"])
+        assert COMM.allgather(picks) == [picks] * P
+        tuners = [tu for k, tu in t.tuners.items() if k[0] == "allreduce" and k[3] == (n * 4).bit_length()]
+        assert len(tuners) == 1 and tuners[0].winner in ringmpi.algorithms("allreduce")
+        assert picks[-1] == tuners[0].winner
+        assert COMM.allgather(tuners[0].winner) == [tuners[0].winner] * P
