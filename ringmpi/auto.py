@@ -3,10 +3,10 @@ and pruned by the cost model, like NCCL's tuner.
 
 Online tuning (RINGMPI_TUNE=1, the default), per (communicator, collective, dtype, op, size
 bucket = bit length of the byte count): the first calls of the bucket run the candidates
-round-robin (one warm-up and five timed calls each); the candidates are MPI's own and every
-algorithm whose formula predicts at most 3x the best formula's time. Each candidate's score
-is the mean of its three fastest calls, combined across ranks with MAX, so every rank picks
-the same winner. The winner is then monitored (every 16th call timed; every 16 samples the
+in two stages (`Tuner`): each once untimed and twice timed, then the ones within 30% of the
+fastest (and MPI's own) three more times; the candidates are MPI's own and every algorithm whose formula
+predicts at most 3x the best formula's time. Timings are combined across ranks with MAX, so
+every rank picks the same winner. The winner is then monitored (every 16th call timed; every 16 samples the
 median, again MAX over ranks) and replaced by the runner-up only when it is >= 10% slower
 than the runner-up's tuned time. A calibrated profile that measured every candidate at that
 size, or a profile holding what an earlier run learned (`save_learned`), seeds the choice
@@ -188,20 +188,28 @@ def _candidates(t: Any, call: Call, prof: Profile, native_ok: bool) -> list[str]
 class Tuner:
     """Online choice for one (collective, dtype, op, size bucket) on one communicator.
 
-    Every rank makes the same calls in the same order, so every rank's tuner walks the same
-    schedule and exchanges its timings at the same call: the decisions agree by construction."""
+    Exploration has two stages. Stage 1: every candidate once untimed (first-touch costs)
+    and twice timed, round-robin; the faster of the two, combined across ranks (MAX), keeps
+    a candidate in the race if it is within PRUNE1 of the fastest (MPI's own always stays,
+    so that one unlucky call cannot rule out the library). Stage 2: those, STAGE2 more timed
+    rounds; a candidate's score is the mean of its KEEP fastest timed calls, MAX over
+    ranks; the lowest wins. Every rank makes the same calls in the same order, so every rank's tuner
+    walks the same schedule and exchanges at the same call: the decisions agree by
+    construction."""
     key: tuple
     candidates: list
     verbose: bool = False
     seed: dict | None = None
-    WARMUP, TIMED, KEEP, SAMPLE, CHECK, HYSTERESIS = 1, 5, 3, 16, 16, 1.10
+    PRUNE1, STAGE2, KEEP, SAMPLE, CHECK, HYSTERESIS = 1.3, 3, 3, 16, 16, 1.10
     winner: str | None = None
     tuned: dict = field(default_factory=dict)
     times: dict = field(default_factory=dict)
     samples: list = field(default_factory=list)
     schedule: list = field(default_factory=list)
-    left: int = 1           # calls until the next timed one
-    explored_s: float = 0.0  # time spent in exploration calls (this rank)
+    stage: int = 1
+    left: int = 1            # calls until the next timed one (after the exploration)
+    explored_s: float = 0.0  # time spent in exploration calls (this rank, then MAX over ranks)
+    explored_calls: int = 0
     calls: int = 0
 
     def __post_init__(self) -> None:
@@ -209,15 +217,14 @@ class Tuner:
             self.winner, self.tuned = self.seed["winner"], dict(self.seed["tuned"])
             self.left = self.SAMPLE
         else:
-            rounds = self.WARMUP + self.TIMED
-            self.schedule = [(c, r >= self.WARMUP) for r in range(rounds) for c in self.candidates]
+            self.schedule = [(c, r > 0) for r in range(3) for c in self.candidates]
             self.times = {c: [] for c in self.candidates}
 
     def pick(self) -> dict:
         """The algorithm for the next call of the bucket, and whether to time it."""
         self.calls += 1
         if self.winner is None:
-            name, timed = self.schedule[self.calls - 1]
+            name, _ = self.schedule[self.calls - 1]
             return {"algorithm": name, "timed": True, "tuner": self, "why": "online tuning: exploring",
                     "collective": self.key[0]}
         self.left -= 1
@@ -234,13 +241,7 @@ class Tuner:
     def done(self, t: Any, name: str, seconds: float) -> bool:
         """A timed call finished; returns True when the choice changed (plans go stale)."""
         if self.winner is None:
-            self.explored_s += seconds
-            if self.schedule[self.calls - 1][1]:
-                self.times[name].append(seconds)
-            if self.calls == len(self.schedule):
-                self._decide(t)
-                return True
-            return False
+            return self._explored(t, name, seconds)
         self.samples.append(seconds)
         if len(self.samples) < self.CHECK:
             return False
@@ -255,17 +256,35 @@ class Tuner:
             return True
         return False
 
+    def _explored(self, t: Any, name: str, seconds: float) -> bool:
+        self.explored_s += seconds
+        self.explored_calls += 1
+        if self.schedule[self.calls - 1][1]:
+            self.times[name].append(seconds)
+        if self.calls < len(self.schedule):
+            return False
+        live = [c for c in self.candidates if self.times.get(c)]
+        every = t.allreduce_max([sum(sorted(self.times[c])[:self.KEEP]) / min(len(self.times[c]), self.KEEP)
+                                 for c in live])
+        self.tuned.update(zip(live, every))
+        if self.stage == 1:
+            best = min(every)
+            keep = [c for c in live if self.tuned[c] <= self.PRUNE1 * best or c == "mpi"]
+            if len(keep) > 1:  # stage 2: the close ones, more timed rounds
+                self.stage = 2
+                self.times = {c: self.times[c] for c in keep}
+                self.schedule += [(c, True) for _ in range(self.STAGE2) for c in keep]
+                return False
+        self._decide(t)
+        return True
+
     def _decide(self, t: Any) -> None:
-        mine = [sum(sorted(self.times[c])[:self.KEEP]) / self.KEEP for c in self.candidates]
-        every = t.allreduce_max(mine + [self.explored_s])
-        self.tuned = dict(zip(self.candidates, every[:-1]))
         self.winner = min(self.tuned, key=self.tuned.get)
-        n = len(self.schedule)
-        self.explored_s = every[-1]
+        self.explored_s = t.allreduce_max([self.explored_s])[0]
         self.schedule = []
         self.left = self.SAMPLE
-        self._say(f"chose {self.winner} after {n} calls (exploration cost "
-                  f"{(self.explored_s - n * self.tuned[self.winner]) * 1e3:.3f} ms over the winner): " +
+        self._say(f"chose {self.winner} after {self.explored_calls} calls (exploration cost "
+                  f"{self.exploration_cost * 1e3:.3f} ms over the winner): " +
                   " ".join(f"{a}={v * 1e6:.1f}us" for a, v in sorted(self.tuned.items(), key=lambda kv: kv[1])))
 
     def _say(self, text: str) -> None:
@@ -275,11 +294,10 @@ class Tuner:
 
     @property
     def exploration_cost(self) -> float | None:
-        """Seconds the exploration spent beyond what the winner alone would have taken."""
+        """Seconds the exploration calls took beyond what the winner alone would have taken."""
         if self.winner is None or self.seed:
             return None
-        n = (self.WARMUP + self.TIMED) * len(self.candidates)
-        return self.explored_s - n * self.tuned[self.winner]
+        return self.explored_s - self.explored_calls * self.tuned[self.winner]
 
 
 def learned(t: Any) -> dict:

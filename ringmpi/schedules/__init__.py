@@ -35,12 +35,16 @@ class Algorithm:
     tune: Callable[[int, int, int, Profile], dict] | None = None
 
     def run(self, t: Transport, call: Call) -> None:
-        """Run the body; on one rank every collective is a local copy (or nothing)."""
+        """Run the body; on one rank every collective is a local copy (or nothing). AVG is
+        a SUM (the bodies reduce with it as with SUM) divided by the rank count at the end,
+        once, where the result is: the same bits on every rank."""
         if t.size == 1:
             if not call.inplace and call.recv is not None:
                 t.copy(call.send, call.recv)
-            return
-        self.body(t, call)
+        else:
+            self.body(t, call)
+        if call.op == "AVG" and call.recv is not None:
+            t.scale(call.recv, t.size)
 
     def tuned(self, p: int, count: int, itemsize: int, prof: Profile) -> dict:
         """The tunables this algorithm picks for the call under `prof` ({} if it has none)."""

@@ -143,8 +143,16 @@ def _pipeline_cost(p, count, itemsize, segments=1, **_):
                 busiest_sent=count * itemsize, avg_sent=count * itemsize * (p - 1) / p)
 
 
+#: no segment smaller than this, whatever the profile says (a tiny alpha would ask for one
+#: segment per element)
+MIN_SEGMENT_BYTES = 1024
+
+
 def _pipeline_tune(p, count, itemsize, prof) -> dict:
-    return {"segments": best_segments(p, count * itemsize, prof.alpha, prof.beta, max(count, 1))[0]}
+    most = max(1, min(count, count * itemsize // MIN_SEGMENT_BYTES))
+    if prof.alpha <= 0:
+        return {"segments": most}
+    return {"segments": best_segments(p, count * itemsize, prof.alpha, prof.beta, most)[0]}
 
 
 @register("broadcast", "pipeline", _pipeline_cost, _pipeline_tune)

@@ -14,7 +14,7 @@ from ringmpi.collectives import SPECS
 from ringmpi.cost import Profile
 from ringmpi.model import cost
 from ringmpi.ops import OPS
-from ringmpi.schedules import names
+from ringmpi.schedules import names as algorithm_names
 from ringmpi.tools.bench import exact_input
 from ringmpi.transport import LRU
 from ringmpi.units import human_bytes, parse_rate, parse_size, parse_time, size_label
@@ -60,11 +60,11 @@ def test_p2p_samples_and_tuning_table():
     assert prof.measured == {"allreduce": {"mpi": [[400, 9e-6]]}}
 
 
-def fake_transport(prof, size=4, others=()):
+def fake_transport(prof, size=4, other=None):
     """The per-communicator state auto keeps (a transport's profile, choices and tuners);
-    `others` are the other ranks' values in the MAX exchanges of online tuning."""
+    `other(values)` is another rank's contribution to online tuning's MAX exchanges."""
     t = types.SimpleNamespace(rank=0, size=size, profile=None, choices=LRU(8), tuners=LRU(8),
-                              allreduce_max=lambda v: [max(x, *o) for x, o in zip(v, zip(*others))] if others else v)
+                              allreduce_max=lambda v: [max(a, b) for a, b in zip(v, other(v))] if other else v)
     auto.set_profile(t, prof)
     return t
 
@@ -83,28 +83,52 @@ def plain_settings():
     settings.reload()
 
 
-def test_online_tuning_explores_then_picks_the_fastest_over_ranks():
-    """Round-robin exploration (1 warm-up + 5 timed calls each), score = mean of the 3
-    fastest, MAX over ranks: a candidate fast on this rank but slow on another loses."""
-    settings.reload({})
-    others = [[0.0] * 10]  # filled below once the candidate order is known
-    t = fake_transport(Profile(alpha=5e-6, beta=1 / 5e9, gamma=1 / 10e9), size=2, others=others)
-    first = choose(t, "allreduce", 1000, full=True)
-    tuner = first["tuner"]
-    names = tuner.candidates
-    assert "mpi" in names and len(tuner.schedule) == 6 * len(names)
-    speed = {a: 10e-6 * (i + 1) for i, a in enumerate(names)}   # here: names[0] is fastest
-    others[0] = [speed[a] if a != names[0] else 1.0 for a in names] + [0.0]  # ...but slow on rank 1
-    c = first
-    for i in range(len(tuner.schedule)):
-        if i:
-            c = choose(t, "allreduce", 1000, full=True)
-        assert c["algorithm"] == names[i % len(names)]  # interleaved rounds
+def explore(t, collective, count, speed):
+    """Drive the bucket's exploration to its decision, every call taking speed[name]."""
+    first = choose(t, collective, count, full=True)
+    tuner, c, calls = first["tuner"], first, []
+    while tuner.winner is None:
+        calls.append(c["algorithm"])
         tuner.done(t, c["algorithm"], speed[c["algorithm"]])
+        if tuner.winner is None:
+            c = choose(t, collective, count, full=True)
+    return tuner, calls
+
+
+def test_online_tuning_explores_then_picks_the_fastest_over_ranks():
+    """Stage 1: every candidate once untimed and once timed, round-robin, MAX over ranks; a
+    candidate fast here but slow on another rank loses; only those within 30% go on."""
+    settings.reload({})
+    exchanges = []
+
+    def rank1(v):  # rank 1 found the first candidate slow in stage 1
+        exchanges.append(v)
+        return [1.0] + list(v[1:]) if len(exchanges) == 1 else v
+    t = fake_transport(Profile(alpha=5e-6, beta=1 / 5e9, gamma=1 / 10e9), size=2, other=rank1)
+    names = choose(t, "allreduce", 1000, full=True)["tuner"].candidates
+    t.tuners.clear()
+    speed = {a: 10e-6 * (i + 1) for i, a in enumerate(names)}   # here: names[0] is fastest
+    assert names[-1] == "mpi"
+    tuner, calls = explore(t, "allreduce", 1000, speed)
+    stage2 = [a for a in names if a in (names[1], "mpi")] * 3  # nothing within 30% of #2, MPI's own stays
+    assert "mpi" in names and calls == names * 3 + stage2
     assert tuner.winner == names[1] and tuner.tuned[names[0]] == 1.0
     assert choose(t, "allreduce", 1000) == names[1]
     assert choose(t, "allreduce", 900) == names[1]           # same size bucket (2-4 KiB): same tuner
     assert choose(t, "allreduce", 3000, full=True)["why"] == "online tuning: exploring"  # next bucket
+
+
+def test_close_candidates_get_a_second_stage():
+    settings.reload({})
+    t = fake_transport(Profile(alpha=5e-6, beta=1 / 5e9, gamma=1 / 10e9), size=2)
+    names = choose(t, "allreduce", 1000, full=True)["tuner"].candidates
+    t.tuners.clear()
+    speed = {a: 10e-6 if a in names[:2] else 50e-6 for a in names}
+    speed[names[1]] = 10.5e-6
+    tuner, calls = explore(t, "allreduce", 1000, speed)
+    assert calls == names * 3 + [a for a in names if a in (names[0], names[1], "mpi")] * 3
+    assert tuner.winner == names[0]
+    assert tuner.exploration_cost == pytest.approx(sum(speed[c] - 10e-6 for c in calls))
 
 
 def test_online_tuning_switches_only_past_the_hysteresis():
@@ -130,17 +154,14 @@ def test_candidates_predicted_far_slower_are_never_tried():
 def test_learned_choices_seed_the_next_run(tmp_path):
     settings.reload({"RINGMPI_PROFILE": str(tmp_path / "p.json")})
     t = fake_transport(Profile(alpha=5e-6, beta=1 / 5e9, world_size=2), size=2)
-    tuner = choose(t, "allreduce", 1000, full=True)["tuner"]
-    for _ in tuner.schedule:
-        name = tuner.schedule[tuner.calls - 1][0]
-        tuner.done(t, name, 1e-6 if name == "ring" else 2e-6)
-        if tuner.winner is None:
-            choose(t, "allreduce", 1000)
-    assert tuner.winner == "ring" and tuner.exploration_cost == pytest.approx(6 * 1e-6 * (len(tuner.candidates) - 1))
+    names = choose(t, "allreduce", 1000, full=True)["tuner"].candidates
+    t.tuners.clear()
+    tuner, _ = explore(t, "allreduce", 1000, {a: 1e-6 if a == "ring" else 2e-6 for a in names})
+    assert tuner.winner == "ring"
     path = auto.save_learned(t)
     fresh = fake_transport(Profile.load(path), size=2)
     c = choose(fresh, "allreduce", 1000, full=True)
-    assert c["algorithm"] == tuner.winner and c["why"] == "online tuning: the fastest measured"
+    assert c["algorithm"] == "ring" and c["why"] == "online tuning: the fastest measured"
 
 
 def test_auto_interpolates_measurements_and_keeps_mpi_within_margin():
@@ -154,7 +175,7 @@ def test_auto_interpolates_measurements_and_keeps_mpi_within_margin():
     # at 1000 elements ring is measured 2x faster
     assert choose(t, "allreduce", 1000) == "ring"
     # outside the measured range the formula decides (ring is bandwidth optimal here)
-    big = {a: auto.predict_time("allreduce", a, 4, 1 << 24, 4, prof) for a in names("allreduce")}
+    big = {a: auto.predict_time("allreduce", a, 4, 1 << 24, 4, prof) for a in algorithm_names("allreduce")}
     assert big["ring"] == pytest.approx(cost("allreduce", "ring", 4, 1 << 24, 4).time(prof))
 
 
@@ -231,3 +252,23 @@ def test_bench_inputs_reduce_exactly_in_any_order(dtype, op):
         assert np.array_equal(acc, ref)
     if op == "PROD":
         assert np.all(ref == 2)
+
+
+def test_unphysical_fits_are_not_saved():
+    from ringmpi.calibrate import unphysical
+    direct = {"beta": 1 / 10e9}
+    good = Profile(alpha=2e-6, beta=1 / 9e9, gamma=1 / 20e9, meta={"direct": direct, "fit": {"median_rel_err": 0.1}})
+    assert unphysical(good) is None
+    assert "bound" in unphysical(Profile(**{**vars(good), "alpha": 0.0}))
+    assert "twice what the exchanges measured" in unphysical(Profile(**{**vars(good), "beta": 1 / 50e9}))
+    assert "miss the measurements by 70%" in unphysical(
+        Profile(**{**vars(good), "meta": {"direct": direct, "fit": {"median_rel_err": 0.7}}}))
+    assert "not measured directly" in unphysical(Profile(alpha=1e-6, beta=1e-10))
+
+
+def test_no_profile_makes_the_pipeline_explode():
+    """Whatever alpha a profile holds, a pipelined broadcast keeps segments of >= 1 KiB."""
+    from ringmpi.schedules import get
+    for alpha in (0.0, 1e-15, 5e-6):
+        s = get("broadcast", "pipeline").tuned(8, 1 << 24, 4, Profile(alpha=alpha, beta=1e-10))["segments"]
+        assert 1 <= s <= (1 << 26) // 1024
