@@ -24,10 +24,11 @@ from . import settings as settings_module
 from .call import Call
 from .errors import RingmpiError, RingmpiUsageError
 from .ops import SUPPORTED_DTYPES, check_op_dtype
-from .settings import settings
+from .settings import log, settings
 from .transport import PLANS, forget_plans
 
-__all__ = ["execute", "Edge", "group", "algorithms", "last_choice", "send_recv_plan", "call_plan", "RingmpiUsageError",
+__all__ = ["execute", "Edge", "group", "algorithms", "last_choice", "send_recv_plan", "call_plan", "mpi_reference",
+           "RingmpiUsageError",
            "RingmpiError"]
 
 # (kind, itemsize): np.longlong and np.int64 are different chars of the same type
@@ -176,7 +177,10 @@ def execute(spec: Any, comm: Any, algorithm: Any, args: dict, key: tuple | None 
                 forget_plans()
     finally:
         t.end()
-    if key is not None and not st.check and (tuner is None or tuner.winner is not None):
+    if st.debug == "TRACE":
+        log(f"{spec.name}/{t.last_choice['algorithm']} rank {t.rank} of {t.size}: {call.count if call else '?'} "
+            f"elements, {t.last_choice.get('why')}", "TRACE")
+    if key is not None and not st.check and st.debug != "TRACE":  # TRACE: every call through here, logged
         if len(PLANS) >= 4096:
             forget_plans()
         PLANS[key] = _plan(t, spec, comm, algorithm, args, alg, call, choice)
@@ -230,10 +234,7 @@ def _resolve(e: Edge, spec: Any, algorithm: str, call: Call) -> tuple[Any, Call,
     if alg.cost is None and not t.native_serves(call.count, spec.elementwise):
         e.fail(f"algorithm 'mpi' cannot take {call.count} elements: the MPI library's {spec.name} counts are "
                f"C ints (at most {t.max_count}); use one of ringmpi's algorithms or 'auto'")
-    if alg.tune is not None:
-        tuned = alg.tuned(t.size, call.count, call.itemsize, _auto.profile_of(t))
-        given = dict(call.params)
-        call = call._replace(params=tuple(sorted({**tuned, **given}.items())))
+    call = _with_tunables(t, alg, call)
     t.describe(f"{spec.name}/{name}")
     t.last_choice = choice
     return alg, call, choice
@@ -241,12 +242,43 @@ def _resolve(e: Edge, spec: Any, algorithm: str, call: Call) -> tuple[Any, Call,
 
 # -- the fast path: plans for calls already validated once ----------------------------------
 
+def _with_tunables(t: Any, alg: Any, call: Call) -> Call:
+    """The call with the algorithm's tunables (given ones win over tuned ones)."""
+    if alg.tune is None:
+        return call
+    tuned = alg.tuned(t.size, call.count, call.itemsize, _auto.profile_of(t))
+    return call._replace(params=tuple(sorted({**tuned, **dict(call.params)}.items())))
+
+
 def _plan(t: Any, spec: Any, comm: Any, algorithm: str, args: dict, alg: Any, call: Call, choice: dict):
     """A callable plan(sendbuf, recvbuf) -> result for the next calls with the same shape."""
-    tuner = choice.get("tuner")
+    tuner, slow = choice.get("tuner"), _slow(spec, comm, algorithm, args)
+    if tuner is not None and tuner.winner is None:
+        return _exploring_plan(t, spec, args, call, tuner, slow)
     if tuner is not None:  # auto, settled by online tuning: the winner's plan, monitored
         alg, choice = _alg.get(spec.name, tuner.winner), tuner.choice(tuner.winner)
-    return _algorithm_plan(t, spec, args, alg, call, choice, _slow(spec, comm, algorithm, args), tuner)
+    return _algorithm_plan(t, spec, args, alg, call, choice, slow, tuner)
+
+
+def _exploring_plan(t: Any, spec: Any, args: dict, call: Call, tuner: Any, slow: Callable) -> Callable:
+    """auto while online tuning explores: each call runs (and times) the tuner's next
+    candidate through that candidate's own plan, so that exploring costs what the
+    candidates cost and no more; the decision empties the plan cache."""
+    plans: dict = {}
+
+    def run(sendbuf: Any, recvbuf: Any) -> Any:
+        choice = tuner.pick()
+        name = choice["algorithm"]
+        plan = plans.get(name)
+        if plan is None:
+            alg = _alg.get(spec.name, name)
+            plan = plans[name] = _algorithm_plan(t, spec, args, alg, _with_tunables(t, alg, call), choice, slow)
+        t0 = time.perf_counter()
+        out = plan(sendbuf, recvbuf)
+        if tuner.done(t, name, time.perf_counter() - t0):
+            forget_plans()
+        return out
+    return run
 
 
 def _slow(spec: Any, comm: Any, algorithm: str, args: dict) -> Callable:
@@ -261,7 +293,7 @@ def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice:
     """MPI's own called straight with the user's arrays where the spec knows how (`direct`),
     else the body after a fresh validation of the buffers (the arguments are known good).
     Under a tuner every call counts down to the next timed one (`monitored`)."""
-    if alg.cost is None and t.native_serves(call.count, spec.elementwise) and not (
+    if alg.cost is None and t.native_serves(call.count, spec.elementwise) and call.op != "AVG" and not (
             call.op in ("MAX", "MIN") and call.dtype.kind == "f"):
         fast = spec.direct(t, call, args, choice, slow, tuner)
         if fast is not None:
@@ -285,6 +317,15 @@ def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice:
     return run
 
 
+def mpi_reference(t: Any, spec: Any, args: dict) -> Callable:
+    """MPI's own collective for calls shaped like `args`, as lean as ringmpi can call it
+    (the fast path's direct call): the reference a benchmark divides by."""
+    call, _ = spec.prepare(Edge(spec.name, t), **args)
+    choice = {"collective": spec.name, "algorithm": "mpi", "why": "reference"}
+    return _algorithm_plan(t, spec, args, _alg.get(spec.name, "mpi"), call, choice,
+                           _slow(spec, t.user_comm, "mpi", args))
+
+
 def monitored(t: Any, tuner: Any, plan: Callable, sendbuf: Any, recvbuf: Any) -> Any:
     """Every SAMPLE-th call of a tuned bucket: timed for the tuner, whose decision (a switch
     empties the plan cache) comes at the same call on every rank."""
@@ -305,6 +346,8 @@ def send_recv_plan(t: Any, function: str, op: str | None, shape: tuple, dtype: A
     raised before any message moves) goes to the full path, which explains it."""
     fn, mpi_op, in_place = t.direct(function, op)
     empty, may_share = np.empty, np.may_share_memory
+    if len(shape) == 1:
+        shape = shape[0]  # np.empty(n) is faster than np.empty((n,))
 
     def run(sendbuf: Any, recvbuf: Any) -> Any:
         if tuner is not None:

@@ -7,7 +7,7 @@ A spec (`Collective`, the nccl-tests plug-in idea) tells every layer what it nee
     busbw_factor(p)         nccl-tests' bus bandwidth factor
     make(rank, p, x, ...)   a harness call (simulator, benchmark, demo) from this rank's input x
     expected(xs, rank, ..)  the exact result on `rank` from every rank's input (numpy)
-    invoke(call, ...)       the public function on a harness call (what users run)
+    args(call) / invoke     the public function's arguments for a harness call / the call itself
     mpi(t, call)            the MPI library's own collective, through `Group.library`
 
 Adding a collective is a spec here plus a schedule module in `ringmpi/schedules/`.
@@ -88,8 +88,13 @@ class Collective:
         """The buffer the simulator's symbolic tables print after every round."""
         return call.recv if call.recv is not None else call.send
 
-    def invoke(self, call: Call, comm: Any = None, algorithm: str = "auto") -> Any:
+    def args(self, call: Call) -> dict:
+        """The public function's arguments (but comm and algorithm) for a harness call."""
         raise NotImplementedError
+
+    def invoke(self, call: Call, comm: Any = None, algorithm: str = "auto") -> Any:
+        """The public function on a harness call: what a user's program runs."""
+        return globals()[self.name](**self.args(call), comm=comm, algorithm=algorithm)
 
     def mpi(self, t: Any, call: Call) -> None:
         raise NotImplementedError
@@ -131,8 +136,8 @@ class _Allreduce(Collective):
     def expected(self, xs, rank, op=None, root=0):
         return _fold(op, xs)
 
-    def invoke(self, call, comm=None, algorithm="auto"):
-        return allreduce(call.send, call.recv, op=call.op, comm=comm, algorithm=algorithm)
+    def args(self, call):
+        return dict(sendbuf=call.send, recvbuf=call.recv, op=call.op)
 
     def mpi(self, t, call):
         t.library("Allreduce", IN_PLACE if call.inplace else call.send, call.recv, call.op)
@@ -179,9 +184,8 @@ class _ReduceScatter(Collective):
     def shown(self, call):
         return call.send if call.inplace else call.recv
 
-    def invoke(self, call, comm=None, algorithm="auto"):
-        recv = call.send if call.inplace else call.recv
-        return reduce_scatter(call.send, recv, op=call.op, comm=comm, algorithm=algorithm, counts=call.counts)
+    def args(self, call):
+        return dict(sendbuf=call.send, recvbuf=call.send if call.inplace else call.recv, op=call.op, counts=None)
 
     def mpi(self, t, call):
         # MPI's in-place form leaves the result at the front of the buffer, ours at block r;
@@ -239,9 +243,8 @@ class _Allgather(Collective):
     def expected(self, xs, rank, op=None, root=0):
         return np.concatenate(xs)
 
-    def invoke(self, call, comm=None, algorithm="auto"):
-        send = call.recv if call.inplace else call.send
-        return allgather(send, call.recv, comm=comm, algorithm=algorithm, counts=call.counts)
+    def args(self, call):
+        return dict(sendbuf=call.recv if call.inplace else call.send, recvbuf=call.recv, counts=None)
 
     def mpi(self, t, call):
         displs = offsets(call.counts)[:-1]
@@ -272,8 +275,8 @@ class _Broadcast(Collective):
     def expected(self, xs, rank, op=None, root=0):
         return xs[root]
 
-    def invoke(self, call, comm=None, algorithm="auto"):
-        return broadcast(call.recv, call.root, comm=comm, algorithm=algorithm, segments=call.param("segments"))
+    def args(self, call):
+        return dict(buf=call.recv, root=call.root, segments=call.param("segments"))
 
     def mpi(self, t, call):
         t.library("Bcast", call.recv, call.root)
@@ -306,8 +309,8 @@ class _Reduce(Collective):
     def expected(self, xs, rank, op=None, root=0):
         return _fold(op, xs) if rank == root else None
 
-    def invoke(self, call, comm=None, algorithm="auto"):
-        return reduce(call.send, call.recv, call.root, op=call.op, comm=comm, algorithm=algorithm)
+    def args(self, call):
+        return dict(sendbuf=call.send, recvbuf=call.recv, root=call.root, op=call.op)
 
     def mpi(self, t, call):
         if call.inplace:
@@ -344,8 +347,8 @@ class _Alltoall(Collective):
         b = xs[0].size // len(xs)
         return np.concatenate([x[rank * b:(rank + 1) * b] for x in xs])
 
-    def invoke(self, call, comm=None, algorithm="auto"):
-        return alltoall(call.send, call.recv, comm=comm, algorithm=algorithm)
+    def args(self, call):
+        return dict(sendbuf=call.send, recvbuf=call.recv)
 
     def mpi(self, t, call):
         t.library("Alltoall", IN_PLACE if call.inplace else call.send, call.recv)
@@ -395,8 +398,9 @@ def allreduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any
         sendbuf: this rank's contribution (any shape, C-contiguous, a dtype MPI has).
         recvbuf: where the result goes (same size and dtype); None allocates a new array
             shaped like `sendbuf`; `recvbuf is sendbuf` works in place (MPI_IN_PLACE).
-        op: "sum", "prod", "max", "min", "land", "lor", "lxor", "band", "bor", "bxor", or
-            MPI's predefined op (MPI.SUM, ...).
+        op: "sum", "prod", "max", "min", "land", "lor", "lxor", "band", "bor", "bxor",
+            "avg" (the sum divided by the rank count, floating types only: NCCL's ncclAvg), or
+            MPI's predefined op (MPI.SUM, ...). MAX and MIN propagate NaN.
         comm: an mpi4py intracommunicator (COMM_WORLD when None).
         algorithm: "ring", "naive", "tree", "recursive_doubling", "rabenseifner", "mpi" (the
             library's own) or "auto" (the lowest predicted time; RINGMPI_ALGO forces one).

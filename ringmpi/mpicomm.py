@@ -36,10 +36,10 @@ from .ops import OPS, op_name
 from .settings import log, settings
 from .transport import IN_PLACE, LRU, Counters, forget_plans
 
-__all__ = ["MPI", "MPITransport", "transport", "world_position", "abort_on_exception", "library_version", "mpi_standard", "mpi4py_version", "INT_MAX"]
+__all__ = ["MPI", "MPITransport", "transport", "world_position", "abort_on_exception", "selection_default", "library_version", "mpi_standard", "mpi4py_version", "INT_MAX"]
 
 INT_MAX = 2**31 - 1
-_MPI_OPS = {name: getattr(MPI, name) for name in OPS}
+_MPI_OPS = {name: getattr(MPI, "SUM" if name == "AVG" else name) for name in OPS}  # AVG: a SUM, then / p
 _OTHER_OPS = {n: getattr(MPI, n) for n in ("MAXLOC", "MINLOC", "REPLACE", "NO_OP") if hasattr(MPI, n)}
 
 
@@ -156,6 +156,9 @@ class MPITransport:
         self.counters.bytes_reduced += out.nbytes
         self.backend.combine(op, a, b, out)
 
+    def scale(self, buf: np.ndarray, divisor: int) -> None:
+        self.backend.scale(buf, divisor)
+
     # -- the MPI library's own collectives ----------------------------------------------
     def native(self, call: Any) -> None:
         """The library's own collective: the call's spec knows which MPI function it is."""
@@ -202,7 +205,7 @@ class MPITransport:
         """'SUM' for MPI.SUM, "sum" or "SUM"; a clear error for other ops."""
         if isinstance(op, MPI.Op):
             for name, mop in _MPI_OPS.items():
-                if op == mop:
+                if op == mop and name != "AVG":
                     return name
             for name, mop in _OTHER_OPS.items():
                 if op == mop:
@@ -304,6 +307,34 @@ def _from_keys(keys: np.ndarray, out: np.ndarray) -> None:
     flip = np.iinfo(keys.dtype).max
     np.bitwise_xor(keys, flip, out=keys, where=keys < 0)
     np.copyto(out, keys.view(out.dtype))
+
+
+def library_file() -> str | None:
+    """The MPI library this process loaded (from /proc/self/maps), or None."""
+    try:
+        with open("/proc/self/maps") as fh:
+            paths = {ln.split()[-1] for ln in fh if "libmpi" in ln and "/" in ln}
+    except OSError:
+        return None
+    return next((q for q in sorted(paths) if "libmpi.so" in q or "libmpi_" not in q), None)
+
+
+def selection_default() -> dict | None:
+    """MPICH's built-in collective selection tree (the JSON its library carries), or None
+    under another MPI: the base of an exported MPICH tuning file."""
+    import json
+    path = library_file()
+    if not path or "MPICH" not in library_version():
+        return None
+    data = open(path, "rb").read()
+    best, pos = None, 0
+    while (i := data.find(b'{"collective=', pos)) >= 0:
+        end = data.find(b"\x00", i)
+        pos = end
+        blob = data[i:end]
+        if b"MPIR_Allreduce_intra" in blob and (best is None or len(blob) > len(best)):
+            best = blob
+    return json.loads(best) if best else None
 
 
 def world_position() -> tuple[int, int]:

@@ -18,6 +18,7 @@ OPS = {
     "BAND": np.bitwise_and,
     "BOR": np.bitwise_or,
     "BXOR": np.bitwise_xor,
+    "AVG": np.add,  # NCCL's ncclAvg, torch's ReduceOp.AVG: summed, then divided by the rank count once
 }
 # dtype kinds (numpy `dtype.kind`) valid for each op, as the MPI standard lists them:
 # SUM/PROD: integer, floating, complex; MAX/MIN: integer, floating;
@@ -25,7 +26,7 @@ OPS = {
 _VALID_KINDS = {
     "SUM": "iufc", "PROD": "iufc", "MAX": "iuf", "MIN": "iuf",
     "LAND": "iub", "LOR": "iub", "LXOR": "iub",
-    "BAND": "iu", "BOR": "iu", "BXOR": "iu",
+    "BAND": "iu", "BOR": "iu", "BXOR": "iu", "AVG": "fc",
 }
 #: dtypes with a predefined MPI datatype (numpy's float16/longdouble have none portable).
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (

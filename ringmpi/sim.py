@@ -154,7 +154,7 @@ class VirtualRank:
 
     def combine(self, op: str, a, b, out) -> None:
         if out.dtype.kind == "O":
-            if op != "SUM":
+            if op not in ("SUM", "AVG"):
                 raise ValueError("symbolic data supports SUM only")
             out[...] = a + b
         else:
@@ -162,6 +162,10 @@ class VirtualRank:
         nbytes = self.cluster.nbytes(out)
         self.counters.bytes_reduced += nbytes
         self.clock += nbytes * self.cluster.profile.gamma
+
+    def scale(self, buf, divisor: int) -> None:
+        if buf.dtype.kind != "O":
+            self.backend.scale(buf, divisor)
 
     def native(self, call) -> None:
         """The MPI library's own collective is opaque: the simulator runs the algorithm the

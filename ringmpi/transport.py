@@ -6,9 +6,9 @@ one of them as `t` and touches memory and the wire only through it:
 
 - `sendrecv(send, dest, recv, source)`: one round (MPI_Sendrecv; a side that is None is
   MPI_PROC_NULL); `exchange(sends, recvs)`: many messages posted at once, then one wait;
-- `empty(n, dtype)`: scratch memory (pooled); `copy(src, dst)` and
-  `combine(op, a, b, out)`: local copies and reductions, counted and run by the array
-  backend, which is where a device backend plugs in;
+- `empty(n, dtype)`: scratch memory (pooled); `copy(src, dst)`, `combine(op, a, b, out)`
+  and `scale(buf, divisor)`: local copies, reductions and the AVG op's division, counted
+  and run by the array backend, which is where a device backend plugs in;
 - `native(call)`: the MPI library's own collective for the call (the simulator runs a
   stand-in algorithm named by the collective's spec).
 
@@ -82,6 +82,7 @@ class Transport(Protocol):
     def empty(self, n: int, dtype: Any) -> Any: ...
     def copy(self, src: Any, dst: Any) -> None: ...
     def combine(self, op: str, a: Any, b: Any, out: Any) -> None: ...
+    def scale(self, buf: Any, divisor: int) -> None: ...
     def native(self, call: Any) -> None: ...
 
 

@@ -42,11 +42,20 @@ def make_data(rng: np.random.Generator, dtype, n: int, op: str, exact: bool = Fa
 
 
 def fold(op: str, arrays: list[np.ndarray]) -> np.ndarray:
-    """Reduce `arrays` in rank order with numpy (exact for integers, wraps like C)."""
+    """Reduce `arrays` in rank order with numpy (exact for integers, wraps like C); AVG is
+    the sum divided by the number of arrays."""
     acc = arrays[0].copy()
     for a in arrays[1:]:
         OPS[op](acc, a, out=acc)
+    if op == "AVG":
+        np.true_divide(acc, len(arrays), out=acc)
     return acc
+
+
+def mpi_op(op: str):
+    """MPI's op object for a ringmpi op name (AVG, which MPI lacks, stays a name)."""
+    from mpi4py import MPI
+    return getattr(MPI, op, op)
 
 
 def tolerance(dtype, p: int) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import DTYPES, assert_close, fold, make_data, valid_ops
+from helpers import DTYPES, assert_close, fold, make_data, mpi_op, valid_ops
 from mpi4py import MPI
 
 import ringmpi
@@ -32,7 +32,9 @@ def reference(op: str, x: np.ndarray):
     mpi_out, scale = exact, None
     if x.dtype.kind in "fc":
         mpi_out = np.empty_like(x)
-        COMM.Allreduce(x, mpi_out, op=getattr(MPI, op))
+        COMM.Allreduce(x, mpi_out, op=getattr(MPI, "SUM" if op == "AVG" else op))
+        if op == "AVG":
+            mpi_out /= P
         scale = np.sum(np.abs(np.stack(xs)), axis=0)
     return exact, mpi_out, scale
 
@@ -62,7 +64,7 @@ def test_allreduce(algorithm, dtype, rng):
             keep = x.copy()
             exact, mpi_out, scale = reference(op, x)
             what = f"allreduce/{algorithm} {dtype} {op} n={n}"
-            out = ringmpi.allreduce(x, op=getattr(MPI, op), algorithm=algorithm)
+            out = ringmpi.allreduce(x, op=mpi_op(op), algorithm=algorithm)
             assert np.array_equal(x, keep), what + ": sendbuf modified"
             check_reduction(out, exact, mpi_out, scale, dtype, what)
             same_everywhere(out, what)
