@@ -11,7 +11,7 @@ V       := $(VENV)/bin
 LAUNCH  := $(V)/python -m ringmpi.launch
 OUT     ?= results
 
-.PHONY: setup bench test lint test-unit test-mpi test-faults test-mpich demo clean
+.PHONY: setup bench test lint test-unit test-mpi test-faults test-readme test-mpich demo clean
 all: test
 
 $(V)/.stamp-$(MPI): setup.cfg pyproject.toml
@@ -35,7 +35,7 @@ bench: setup
 demo: setup
 	$(LAUNCH) -n $(NP) --timeout 300 -- $(V)/python -m ringmpi demo
 
-test: lint test-unit test-mpi test-faults test-mpich
+test: lint test-unit test-mpi test-faults test-readme test-mpich
 
 # pyflakes-level checks and likely bugs (unused names, undefined names, mutable defaults ...)
 lint: setup
@@ -44,6 +44,10 @@ lint: setup
 # The same MPI and fault tests on a second MPI implementation (the MPICH wheel, its own venv).
 test-mpich:
 	$(MAKE) --no-print-directory test-mpi test-faults MPI=mpich VENV=$(VENV)-mpich RANKS="2 3"
+
+# Every command of the README, pasted into a fresh shell (tests/readme/test_readme.py).
+test-readme: setup
+	$(V)/python -m pytest -q tests/readme
 
 # Fault injection: each test starts its own 2-3 rank job (skipped calls, raising ranks,
 # mismatched arguments, stuck threads, stale messages, memory) under a deadline.

@@ -20,6 +20,7 @@ plans and choices compare against.
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 
 from .errors import RingmpiUsageError
 
-__all__ = ["Settings", "settings", "reload", "on_reload", "log", "DEBUG_LEVELS"]
+__all__ = ["Settings", "settings", "reload", "on_reload", "log", "logger", "DEBUG_LEVELS"]
 
 DEBUG_LEVELS = ("WARN", "INFO", "TRACE")
 
@@ -130,18 +131,41 @@ def reload(env: dict | None = None) -> Settings:
     return new
 
 
-def log(message: str, level: str = "INFO") -> None:
-    """One line 'ringmpi LEVEL message', NCCL_DEBUG style, on stderr or RINGMPI_DEBUG_FILE
-    (%h: host name, %p: process id, as NCCL_DEBUG_FILE)."""
-    line = f"ringmpi {level} {message}\n"
+TRACE = 5  # below logging.DEBUG: every call
+_LEVELS = {"WARN": logging.WARNING, "INFO": logging.INFO, "TRACE": TRACE}
+
+
+class _Format(logging.Formatter):
+    """'ringmpi WARN|INFO|TRACE message', NCCL_DEBUG's names, without renaming logging's levels."""
+    def format(self, record: logging.LogRecord) -> str:
+        name = "WARN" if record.levelno >= logging.WARNING else "INFO" if record.levelno >= logging.INFO else "TRACE"
+        return f"ringmpi {name} {record.getMessage()}"
+
+
+def logger() -> logging.Logger:
+    """The "ringmpi" logger, set up from RINGMPI_DEBUG (its level) and RINGMPI_DEBUG_FILE
+    (%h: host name, %p: process id, as NCCL_DEBUG_FILE) at the first use after each reload."""
+    log_ = logging.getLogger("ringmpi")
     try:
-        path = settings().debug_file
+        st = settings()
     except RingmpiUsageError:
-        path = ""
-    if path:
-        path = path.replace("%h", socket.gethostname()).replace("%p", str(os.getpid()))
-        with open(path, "a") as fh:
-            fh.write(line)
-        return
-    sys.stderr.write(line)
-    sys.stderr.flush()
+        st = Settings()
+    if getattr(log_, "_ringmpi_generation", None) != st.generation:
+        for h in list(log_.handlers):
+            log_.removeHandler(h)
+        if st.debug_file:
+            path = st.debug_file.replace("%h", socket.gethostname()).replace("%p", str(os.getpid()))
+            handler: logging.Handler = logging.FileHandler(path)
+        else:
+            handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_Format())
+        log_.addHandler(handler)
+        log_.setLevel(_LEVELS[st.debug])
+        log_.propagate = False
+        log_._ringmpi_generation = st.generation  # type: ignore[attr-defined]
+    return log_
+
+
+def log(message: str, level: str = "INFO") -> None:
+    """One line 'ringmpi LEVEL message' (NCCL_DEBUG style) through the "ringmpi" logger."""
+    logger().log(_LEVELS.get(level, logging.INFO), message)

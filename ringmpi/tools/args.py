@@ -3,11 +3,18 @@ prints it and exits 2), never a traceback."""
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
+import sys
+from typing import Any, Callable, NoReturn
 
 from ..units import parse_rate, parse_size, parse_time
 
-__all__ = ["size", "time", "rate", "int_list", "converter"]
+__all__ = ["size", "time", "rate", "int_list", "converter", "fail"]
+
+
+def fail(command: str, message: str) -> NoReturn:
+    """A usage error found after parsing: one line on stderr, exit status 2 (as argparse's)."""
+    print(f"ringmpi {command}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def converter(fn: Callable[[str], Any], name: str) -> Callable[[str], Any]:

@@ -41,15 +41,28 @@ import numpy as np
 
 from .. import __version__
 from .. import schedules
-from ..api import group
-from ..auto import profile_path, set_profile
-from ..calibrate import Sample, fit_profile, fit_quality, measure_p2p
+from .. import collectives as _collectives
+from ..api import group, mpi_reference
+from ..auto import DEFAULT, profile_of, profile_path, set_profile
+from ..calibrate import Sample, fit_measured, fit_quality, measure_gamma, measure_p2p, unphysical
 from ..collectives import SPECS, Collective
-from ..units import SIZE_HELP
+from ..ops import OPS, SUPPORTED_DTYPES, check_op_dtype
+from ..units import SIZE_HELP, size_label
 from . import args
 from .report import best_bands, write_report
 
 __all__ = ["add_parser", "exact_input", "Case", "Options", "run", "options"]
+
+globals_of_collectives = {name: getattr(_collectives, name) for name in SPECS}
+DTYPE_NAMES = [d.name for d in SUPPORTED_DTYPES]
+
+
+def _alias(name: str) -> bool:
+    """A numpy alias of a supported dtype (np.longlong is int64 here, 'f4' is float32)."""
+    try:
+        return np.dtype(name).name in DTYPE_NAMES
+    except TypeError:
+        return False
 
 
 def exact_input(rank: int, p: int, n: int, dtype: np.dtype, op: str | None) -> np.ndarray:
@@ -78,6 +91,7 @@ class Case:
         self.n_in = spec.input_count(self.count, p)
         self.x = exact_input(r, p, self.n_in, dtype, self.op)
         self.calls = {ip: self.make(ip) for ip in ((False, True) if spec.has_out_of_place else (True,))}
+        self.refs: dict = {}
 
     def make(self, inplace: bool):
         return self.spec.make(self.t.rank, self.t.size, self.x, op=self.op, root=self.root, inplace=inplace)
@@ -89,19 +103,19 @@ class Case:
         xs = [exact_input(q, p, self.n_in, self.dtype, self.op) for q in range(p)]
         return self.spec.expected(xs, self.t.rank, self.op, self.root)
 
+    def runner(self, algorithm: str, inplace: bool, call=None, api: bool = False) -> Callable[[], Any]:
+        """One call, ready to repeat: the public ringmpi function a user would call, or for
+        "mpi" (unless `api`) MPI's own as lean as ringmpi can call it: the reference."""
+        spec, t = self.spec, self.t
+        args = spec.args(call or self.calls[inplace])
+        if algorithm == "mpi" and not api:
+            ref = self.refs.get(inplace) or self.refs.setdefault(inplace, mpi_reference(t, spec, args))
+            send, recv = args[spec.send_arg], args.get(spec.recv_arg)
+            return lambda: ref(send, recv)
+        return functools.partial(globals_of_collectives[spec.name], **args, comm=t.user_comm, algorithm=algorithm)
+
     def call(self, algorithm: str, inplace: bool, call=None) -> Any:
-        """One call: the MPI library's own called directly (no ringmpi API in between), or
-        the public ringmpi function a user would call."""
-        call = call or self.calls[inplace]
-        if algorithm == "mpi":
-            t = self.t
-            t.begin("bench/mpi")  # scratch (MPICH's aliasing rule) comes from the pool
-            try:
-                self.spec.mpi(t, call)
-            finally:
-                t.end()
-            return None
-        return self.spec.invoke(call, self.t.user_comm, algorithm)
+        return self.runner(algorithm, inplace, call)()
 
     def wrong(self, algorithm: str, inplace: bool) -> tuple[int, int]:
         """(#wrong on this rank, bytes this rank sent) for one checked call on fresh inputs."""
@@ -193,10 +207,10 @@ class Options:
     stepbytes: int = _opt(0, "-i", "--stepbytes", type=args.size, help="grow sizes by this many bytes instead of -f")
     collectives: str = _opt("all", "-C", "--collectives", help=f"comma-separated: {', '.join(SPECS)} or all")
     algorithms: str = _opt("all", "-A", "--algorithms", help="comma-separated (mpi always included)")
-    dtype: str = _opt("float32", "-d", "--dtype", help="element type")
-    op: str = _opt("sum", "-o", "--op", help="reduction op")
+    dtype: str = _opt("float32", "-d", "--dtype", help=f"element type: {', '.join(DTYPE_NAMES)} or all")
+    op: str = _opt("sum", "-o", "--op", help=f"reduction op: {', '.join(o.lower() for o in OPS)} or all")
     root: int = _opt(0, "-r", "--root", type=int, help="root of broadcast and reduce")
-    iters: int = _opt(0, "-n", "--iters", type=int, help="iterations per size (0: OSU-like by size)")
+    iters: Optional[int] = _opt(None, "-n", "--iters", type=int, help="iterations per size (default: OSU-like, by size)")
     warmup: Optional[int] = _opt(None, "-w", "--warmup", type=int, help="warm-up iterations (default by size)")
     rounds: int = _opt(5, "--rounds", type=int, help="interleaved timing rounds per size (median kept)")
     check: int = _opt(1, "-c", "--check", type=int, help="count #wrong against exact inputs")
@@ -204,18 +218,55 @@ class Options:
                         help="time column over ranks: 0 rank 0, 1 average, 2 min, 3 max")
     json: str = _opt("", "-J", "--json", help="also write every row to this JSON file")
     out: str = _opt("", "--out", help="folder for report.md, bench.json, bench.csv, plots")
-    save_profile: bool = _opt(True, "--no-save-profile", action="store_false",
-                              help="do not save the fitted profile for auto")
+    save_profile: bool = _opt(False, "--save-profile", action="store_true",
+                              help="save the fitted profile for auto (only `ringmpi calibrate` does by default)")
     progress: bool = _opt(True, "--no-progress", action="store_false", help="no progress bar")
-    p2p: bool = _opt(False, "--p2p", action="store_true", help="add point-to-point rounds to the fit")
     quiet: bool = _opt(False, "--quiet", action="store_true", help="footer only, no table")
+    fresh: bool = _opt(False, "--fresh", action="store_true",
+                       help="time auto as on a machine with no profile: online tuning from scratch "
+                            "(its exploration cost is reported)")
 
     def sizes(self) -> list[int]:
         sizes, s = [], self.minbytes
-        while s <= self.maxbytes:
+        while s <= self.maxbytes and len(sizes) <= MAX_SIZES:
             sizes.append(s)
             s = s + self.stepbytes if self.stepbytes else max(s + 1, int(s * self.stepfactor))
         return sizes
+
+    def pairs(self) -> list[tuple[np.dtype, str]]:
+        """(dtype, op) pairs to run: -d all and -o all as in nccl-tests (valid pairs only)."""
+        dts = [np.dtype(d) for d in DTYPE_NAMES] if self.dtype == "all" else [np.dtype(self.dtype)]
+        ops = list(OPS) if self.op.lower() == "all" else [self.op.upper()]
+        return [(d, op) for d in dts for op in ops if check_op_dtype(op, d) is None or len(ops) == 1]
+
+    def problem(self) -> str | None:
+        """Why these options cannot run, or None."""
+        colls = list(SPECS) if self.collectives == "all" else [c.strip() for c in self.collectives.split(",")]
+        algs = [] if self.algorithms == "all" else [a.strip() for a in self.algorithms.split(",")]
+        checks = [
+            (self.dtype == "all" or self.dtype in DTYPE_NAMES or _alias(self.dtype),
+             f"-d {self.dtype}: expected one of {', '.join(DTYPE_NAMES)} or all"),
+            (self.op.lower() == "all" or self.op.upper() in OPS,
+             f"-o {self.op}: expected one of {', '.join(o.lower() for o in OPS)} or all"),
+            (all(c in SPECS for c in colls), f"-C {self.collectives}: expected some of {', '.join(SPECS)} or all"),
+            (all(any(a in schedules.names(c) for c in SPECS) for a in algs),
+             f"-A {self.algorithms}: unknown algorithm; the algorithms are "
+             f"{', '.join(dict.fromkeys(a for c in SPECS for a in schedules.names(c)))} or all"),
+            (not algs or all(any(a in schedules.names(c) for a in algs) for c in colls if c in SPECS),
+             f"-A {self.algorithms} -C {self.collectives}: " + "; ".join(
+                 f"{c} has none of them (its algorithms: {', '.join(schedules.names(c))})"
+                 for c in colls if c in SPECS and not any(a in schedules.names(c) for a in algs))),
+            (self.minbytes <= self.maxbytes, f"-b {self.minbytes} is above -e {self.maxbytes}"),
+            (self.stepbytes > 0 or self.stepfactor > 1, f"-f {self.stepfactor:g}: the growth factor must be above 1"),
+            (len(self.sizes()) <= MAX_SIZES, f"{self.minbytes}..{self.maxbytes} B with -f {self.stepfactor:g} "
+             f"-i {self.stepbytes} is more than {MAX_SIZES} sizes; raise -f or -i"),
+            (self.iters is None or self.iters >= 1, f"-n {self.iters}: at least one iteration"),
+            (self.warmup is None or self.warmup >= 0, f"-w {self.warmup}: warm-up iterations cannot be negative"),
+            (self.rounds >= 1, f"--rounds {self.rounds}: at least one round"),
+            (self.root >= 0, f"-r {self.root}: the root is a rank, 0 or more"),
+            (self.check in (0, 1), f"-c {self.check}: expected 0 or 1"),
+        ]
+        return next((msg for ok, msg in checks if not ok), None)
 
     def plan(self, dtype: np.dtype, op: str) -> list[tuple[Collective, list[str]]]:
         """(collective, algorithms) to run; MPI's own is always among them."""
@@ -230,7 +281,7 @@ class Options:
         return plan
 
 
-def _print_banner(info: dict, o: Options, dtype, op, root, sizes) -> None:
+def _print_banner(info: dict, o: Options, pairs, root, sizes) -> None:
     print(f"# ringmpi bench {__version__}: {info['ranks']} ranks on {len(info['hosts'])} host(s) "
           f"{','.join(info['hosts'])}, backend {info['backend']}, {info['date']}")
     print(f"# {info['mpi_library']} (mpi4py {info['mpi4py']}, numpy {info['numpy']})")
@@ -238,8 +289,20 @@ def _print_banner(info: dict, o: Options, dtype, op, root, sizes) -> None:
     if busiest > (info["cpus_per_host"] or busiest):
         print(f"# note: {busiest} ranks share {info['cpus_per_host']} CPUs on one host (oversubscribed): "
               "waiting ranks spin, so per-call overheads are amplified; compare ratios, not absolute times")
-    print(f"# dtype {dtype.name}, op {op}, root {root}, sizes {sizes[0]}..{sizes[-1]} B x{o.stepfactor:g}, "
+    kinds = ", ".join(dict.fromkeys(d.name for d, _ in pairs))
+    ops = ", ".join(dict.fromkeys(x for _, x in pairs))
+    step = f"+{o.stepbytes}" if o.stepbytes else f"x{o.stepfactor:g}"
+    print(f"# dtype {kinds}, op {ops}, root {root}, sizes {sizes[0]}..{sizes[-1]} B {step}, "
           f"{o.rounds} interleaved rounds per size, median kept")
+
+
+def _p2p_sizes(sizes: list[int]) -> list[int]:
+    """Point-to-point sizes for alpha and beta: 8 B up to the sweep's largest, x16."""
+    out, n = [], 8
+    while n < max(sizes):
+        out.append(n)
+        n *= 16
+    return out + [max(sizes, default=8)]
 
 
 def _row(case: Case, a: str, ip: bool, timing: tuple, o: Options, bad: int, sent: int, iters: int) -> dict:
@@ -260,28 +323,42 @@ def _row(case: Case, a: str, ip: bool, timing: tuple, o: Options, bad: int, sent
 def _sweep(t, o: Options, plan, sizes, dtype, op, root, prog):
     """Time every (collective, size, algorithm, placement) side by side; check each once."""
     rows, samples = [], []
+    prof = profile_of(t)
     for spec, algs in plan:
         for nbytes in sizes:
             case = Case(spec, nbytes, dtype, op, root, t)
             iters, warm = default_iters(case.size)
             iters, warm = o.iters or iters, o.warmup if o.warmup is not None else warm
-            runners = {(a, ip): (lambda a=a, ip=ip: case.call(a, ip)) for a in algs for ip in case.calls}
+            runners = {(a, ip): case.runner(a, ip) for a in algs for ip in case.calls}
             timing = time_interleaved(t, runners, iters, warm, o.rounds)
             for (a, ip), tm in timing.items():
                 bad, sent = case.wrong(a, ip) if o.check else (0, 0)
                 row = _row(case, a, ip, tm, o, sum(t.allgather_obj(bad)), max(t.allgather_obj(sent)), iters)
                 rows.append(row)
                 if (not ip or not spec.has_out_of_place) and case.count:
-                    full = case.size // dtype.itemsize
-                    samples.append(Sample(spec.name, a, full, dtype.itemsize, row["time_us"] / 1e6))
+                    full = case.size // dtype.itemsize  # with the tunables the call ran with
+                    params = schedules.get(spec.name, a).tuned(t.size, full, dtype.itemsize, prof)
+                    samples.append(Sample(spec.name, a, full, dtype.itemsize, row["time_us"] / 1e6,
+                                          tuple(sorted(params.items()))))
             if prog:
                 prog.advance(prog.task_ids[0])
     return rows, samples
 
 
+def _settle(run: Callable[[], Any], t: Any, limit: int = 1000) -> tuple[int, Any]:
+    """Call `run` until auto's online tuning has chosen (every rank loops alike: the
+    exploration schedule is the same everywhere); returns (calls, the tuner or None)."""
+    for n in range(1, limit + 1):
+        run()
+        if t.last_choice.get("why") != "online tuning: exploring":
+            return n, t.last_choice.get("tuner")
+    return limit, t.last_choice.get("tuner")
+
+
 def _time_auto(t, o: Options, plan, sizes, dtype, op, root, rows) -> list[dict]:
-    """After the fit: auto beside the fastest candidate (both through ringmpi's API, the same
-    overhead, so the ratio measures the choice) and MPI's own (called directly)."""
+    """After the fit (or, with --fresh, with no profile at all): auto beside the fastest
+    candidate (both through ringmpi's API, the same overhead, so the ratio measures the
+    choice) and MPI's own (called directly), after auto's exploration if it had one."""
     out = []
     for spec, _ in plan:
         place = "out" if spec.has_out_of_place else "in"
@@ -292,23 +369,57 @@ def _time_auto(t, o: Options, plan, sizes, dtype, op, root, rows) -> list[dict]:
             ip = place == "in"
             best = min((r for r in rows if r["collective"] == spec.name and r["size"] == case.size
                         and r["placement"] == place), key=lambda r: r["time_us"])["algorithm"]
-            runners = {"auto": lambda: case.call("auto", ip), "mpi": lambda: case.call("mpi", ip),
-                       "best": lambda: spec.invoke(case.calls[ip], t.user_comm, best)}
-            case.call("auto", ip)
+            runners = {"auto": case.runner("auto", ip), "mpi": case.runner("mpi", ip),
+                       "best": case.runner(best, ip, api=True)}
+            explored, tuner = _settle(runners["auto"], t)
             chosen = t.last_choice["algorithm"]
             iters, warm = default_iters(case.size)
             tm = {k: v[0] for k, v in time_interleaved(t, runners, o.iters or iters, warm, o.rounds).items()}
-            out.append(dict(collective=spec.name, size=case.size, chose=chosen, best=best,
-                            auto_us=tm["auto"] * 1e6, best_us=tm["best"] * 1e6, mpi_us=tm["mpi"] * 1e6,
-                            auto_over_best=tm["auto"] / tm["best"], auto_over_mpi=tm["auto"] / tm["mpi"]))
+            row = dict(collective=spec.name, size=case.size, chose=chosen, best=best,
+                       auto_us=tm["auto"] * 1e6, best_us=tm["best"] * 1e6, mpi_us=tm["mpi"] * 1e6,
+                       auto_over_best=tm["auto"] / tm["best"], auto_over_mpi=tm["auto"] / tm["mpi"])
+            if tuner is not None and tuner.exploration_cost is not None:
+                slowest = max(tuner.tuned.values())
+                row.update(explore_calls=explored, explore_cost_us=tuner.exploration_cost * 1e6,
+                           explore_in_slowest_calls=tuner.exploration_cost / slowest, tried=list(tuner.tuned))
+            out.append(row)
     return out
 
 
-def _finish(o: Options, info, rows, auto_rows, prof, p) -> None:
+def _api_overhead(t: Any, o: Options) -> list[dict]:
+    """ringmpi.allreduce on COMM_WORLD as users call it (auto, no comm=, with and without a
+    result buffer) against MPI's own Allreduce called directly, float32 SUM."""
+    fn, op, _ = t.direct("Allreduce", "SUM")
+    allreduce = _collectives.allreduce
+    out = []
+    for nbytes in (8, 1024, 65536):
+        x = np.ones(nbytes // 4, np.float32)
+        y = np.empty_like(x)
+        runners = {"mpi": lambda: fn(x, y, op), "auto": lambda: allreduce(x, y), "auto_new": lambda: allreduce(x)}
+        _settle(runners["auto"], t)
+        _settle(runners["auto_new"], t)
+        tm = {k: v[0] for k, v in time_interleaved(t, runners, o.iters or 2000, 100, max(o.rounds, 5)).items()}
+        out.append(dict(size=nbytes, mpi_us=tm["mpi"] * 1e6, auto_us=tm["auto"] * 1e6, auto_new_us=tm["auto_new"] * 1e6,
+                        auto_over_mpi=tm["auto"] / tm["mpi"], auto_new_over_mpi=tm["auto_new"] / tm["mpi"]))
+    return out
+
+
+def _finish(o: Options, info, rows, auto_rows, prof, p, overhead) -> None:
     """Rank 0: table, footer, files, the saved profile."""
     _attach_predictions(rows, prof, p)
     if not o.quiet:
         print_table(rows, auto_rows, p)
+    if overhead:
+        print("# API overhead, allreduce float32 (auto through ringmpi's API / MPI_Allreduce called directly): "
+              + "; ".join(f"{size_label(r['size'])}B: {r['auto_us']:.2f} us / {r['mpi_us']:.2f} us = "
+                          f"{r['auto_over_mpi']:.2f}x ({r['auto_new_over_mpi']:.2f}x with a new result array)"
+                          for r in overhead))
+    explored = [a for a in auto_rows if "explore_cost_us" in a]
+    if explored:
+        worst = max(explored, key=lambda a: a["auto_over_best"])
+        print(f"# online tuning from scratch: auto / fastest <= {worst['auto_over_best']:.2f} at every size "
+              f"({worst['collective']} {size_label(worst['size'])}B the worst); exploration cost at most "
+              f"{max(a['explore_in_slowest_calls'] for a in explored):.1f} calls of the slowest candidate tried")
     for coll, bands in best_bands(rows).items():
         print(f"# fastest by size band, {coll}: "
               + "; ".join(f"{lo if lo == hi else lo + '-' + hi}: {alg}" for lo, hi, alg in bands))
@@ -321,12 +432,17 @@ def _finish(o: Options, info, rows, auto_rows, prof, p) -> None:
           f"gamma^-1 {inv(prof.gamma):.3g} GB/s, overhead {prof.overhead * 1e6:.3g} us "
           f"(median fit error {prof.meta['fit']['median_rel_err'] or 0:.0%})")
     if o.json:
-        Path(o.json).write_text(json.dumps({"banner": info, "rows": rows, "auto": auto_rows}, indent=1))
+        Path(o.json).write_text(json.dumps({"banner": info, "rows": rows, "auto": auto_rows, "api_overhead": overhead},
+                                           indent=1))
         print(f"# JSON: {o.json}")
     if o.out:
-        print(f"# Report: {write_report(Path(o.out), info, rows, auto_rows, prof, p, vars(o))}")
+        print(f"# Report: {write_report(Path(o.out), info, rows, auto_rows, prof, p, vars(o), overhead)}")
     if o.save_profile:
+        why = unphysical(prof)
         dest = profile_path(p)
+        if why:
+            print(f"# profile NOT saved: {why}; auto keeps {dest if dest.exists() else 'its default'}")
+            return
         try:
             prof.save(dest)
             print(f"# Profile for auto saved to {dest}")
@@ -335,31 +451,46 @@ def _finish(o: Options, info, rows, auto_rows, prof, p) -> None:
 
 
 def run(o: Options, comm: Any = None) -> int:
+    """The benchmark on `comm` (COMM_WORLD): every rank runs it; rank 0 prints and writes.
+    Nothing on the machine changes unless asked (--save-profile); returns the exit status."""
     t = group(comm)
     p, lead = t.size, t.rank == 0
-    dtype, op, root = np.dtype(o.dtype), o.op.upper(), o.root % t.size
-    sizes, plan, info = o.sizes(), o.plan(dtype, op), banner(t)
+    if o.root >= p:
+        if lead:
+            print(f"ringmpi bench: error: -r {o.root}: the root must be a rank below {p}", file=sys.stderr)
+        return 2
+    pairs, sizes, info, root = o.pairs(), o.sizes(), banner(t), o.root
+    dtype, op = pairs[0]
     if lead:
-        _print_banner(info, o, dtype, op, root, sizes)
-    prog = _progress(len(plan) * len(sizes), lead and o.progress)
+        _print_banner(info, o, pairs, root, sizes)
+    prog = _progress(sum(len(o.plan(d, x)) for d, x in pairs) * len(sizes), lead and o.progress)
+    rows, samples = [], []
     try:
         with np.errstate(over="ignore", invalid="ignore"):  # repeated in-place sums overflow
-            rows, samples = _sweep(t, o, plan, sizes, dtype, op, root, prog)
-            if o.p2p:
-                samples += measure_p2p(t, sizes)
-            prof = None
-            if lead:  # fit once, broadcast: every rank must hold the same profile for auto
-                prof = fit_profile(samples, p, name=f"fitted by ringmpi bench on {info['date']}", meta=info)
-                prof.meta["fit"] = fit_quality(samples, prof, p)
-            prof = t.bcast_obj(prof, 0)
-            set_profile(t, prof)
-            auto_rows = _time_auto(t, o, plan, sizes, dtype, op, root, rows)
+            for d, x in pairs:  # -d all / -o all: every valid pair, as nccl-tests
+                r, smp = _sweep(t, o, o.plan(d, x), sizes, d, x, root, prog)
+                rows, samples = rows + r, samples + smp
+            prof = _fit(t, samples, sizes, dtype, info)
+            set_profile(t, DEFAULT if o.fresh else prof)  # --fresh: auto learns online, from nothing
+            auto_rows = _time_auto(t, o, o.plan(dtype, op), sizes, dtype, op, root, rows)
+            overhead = _api_overhead(t, o)
     finally:
         if prog:
             prog.stop()
     if lead:
-        _finish(o, info, rows, auto_rows, prof, p)
+        _finish(o, info, rows, auto_rows, prof, p, overhead)
     return 1 if sum(r["wrong"] for r in rows) else 0
+
+
+def _fit(t: Any, samples: list, sizes: list[int], dtype: np.dtype, info: dict) -> Any:
+    """Each constant where it lives (point-to-point rounds: alpha, beta; the reduction
+    alone: gamma), then the rest from the sweep; fitted on rank 0, the same on every rank."""
+    samples = samples + measure_p2p(t, _p2p_sizes(sizes)) + measure_gamma(t, dtype if dtype.kind in "iuf" else "f4")
+    prof = None
+    if t.rank == 0:
+        prof = fit_measured(samples, t.size, name=f"fitted by ringmpi bench on {info['date']}", meta=info)
+        prof.meta["fit"] = fit_quality([s for s in samples if s.collective != "p2p"], prof, t.size)
+    return t.bcast_obj(prof, 0)
 
 
 def _attach_predictions(rows, prof, p) -> None:
@@ -379,37 +510,38 @@ def _fmt(v, spec="{:.2f}"):
     return "-" if v is None else spec.format(v)
 
 
+def _cells(r: dict | None) -> str:
+    if r is None:
+        return f"{'-':>9} {'-':>7} {'-':>6} {'-':>5}"
+    return f"{r['time_us']:9.1f} {r['busbw']:7.3f} {r['wrong']:6d} {_fmt(r['ratio_mpi'], '{:5.2f}'):>5}"
+
+
 def print_table(rows, auto_rows, p) -> None:
-    for coll in dict.fromkeys(r["collective"] for r in rows):
+    """nccl-tests' columns, one table per collective, dtype and op, within 120 columns
+    (the bytes each algorithm sent and the rest are in the JSON and CSV files)."""
+    done: set = set()
+    for key in dict.fromkeys((r["collective"], r["type"], r["redop"], r["root"]) for r in rows):
+        coll, dtype, redop, root = key
         spec = SPECS[coll]
-        print(f"#\n# {coll}: 'mpi' = the MPI library's own collective, called directly; busbw = algbw x "
-              f"{spec.busbw} = {spec.busbw_factor(p):.3g}; "
-              f"xMPI = time / MPI's own (below 1: faster than MPI); sent = bytes this algorithm put "
-              f"on the wire per rank (max), sentbw = sent / time in GB/s")
-        print(f"# {'size(B)':>10} {'count':>10} {'type':>7} {'redop':>5} {'root':>4} {'algorithm':<19}"
-              f"{'time(us)':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6} {'sent(B)':>10} {'sentbw':>7} {'xMPI':>6} {'pred(us)':>9}"
-              f" |{'in-place':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6} {'xMPI':>6}")
-        sizes = sorted({r["size"] for r in rows if r["collective"] == coll})
-        for size in sizes:
-            for alg in dict.fromkeys(r["algorithm"] for r in rows if r["collective"] == coll):
-                o = next((r for r in rows if r["collective"] == coll and r["size"] == size
-                          and r["algorithm"] == alg and r["placement"] == "out"), None)
-                i = next((r for r in rows if r["collective"] == coll and r["size"] == size
-                          and r["algorithm"] == alg and r["placement"] == "in"), None)
+        sel = [r for r in rows if (r["collective"], r["type"], r["redop"], r["root"]) == key]
+        print(f"#\n# {coll}, {dtype}" + (f", op {redop}" if spec.reduces else "") + (f", root {root}" if spec.rooted else "")
+              + f": busbw = algbw x {spec.busbw} = {spec.busbw_factor(p):.3g}; xMPI = time / MPI's own "
+              "(below 1: faster)")
+        print(f"# {'':10} {'':10} {'':20} {'out of place':^30} | {'in place':^30}")
+        print(f"# {'size(B)':>10} {'count':>10} {'algorithm':<20} {'time(us)':>9} {'busbw':>7} {'#wrong':>6} "
+              f"{'xMPI':>5} | {'time(us)':>9} {'busbw':>7} {'#wrong':>6} {'xMPI':>5} {'model(us)':>9}")
+        for size in sorted({r["size"] for r in sel}):
+            here = [r for r in sel if r["size"] == size]
+            for alg in dict.fromkeys(r["algorithm"] for r in here):
+                o = next((r for r in here if r["algorithm"] == alg and r["placement"] == "out"), None)
+                i = next((r for r in here if r["algorithm"] == alg and r["placement"] == "in"), None)
                 head = o or i
-                left = (f"{_fmt(o['time_us'], '{:10.1f}')} {o['algbw']:7.3f} {o['busbw']:7.3f} {o['wrong']:6d} "
-                        f"{_fmt(o['sent_bytes'], '{:10d}'):>10} {_fmt(o['sent_busbw'], '{:7.3f}'):>7} "
-                        f"{_fmt(o['ratio_mpi'], '{:6.2f}'):>6} {_fmt(o['predicted_us'], '{:9.1f}'):>9}") if o else \
-                    f"{'-':>10} {'-':>7} {'-':>7} {'-':>6} {_fmt(i['sent_bytes'], '{:10d}'):>10} " \
-                    f"{_fmt(i['sent_busbw'], '{:7.3f}'):>7} {'-':>6} {_fmt(i['predicted_us'], '{:9.1f}'):>9}"
-                right = (f"{i['time_us']:10.1f} {i['algbw']:7.3f} {i['busbw']:7.3f} {i['wrong']:6d} "
-                         f"{_fmt(i['ratio_mpi'], '{:6.2f}'):>6}") if i else ""
-                print(f"  {size:>10} {head['count']:>10} {head['type']:>7} {head['redop']:>5} {head['root']:>4} "
-                      f"{alg:<19}{left} |{right}")
-        picks = [a for a in auto_rows if a["collective"] == coll]
-        if picks:
-            print(f"# auto ({coll}): " + "; ".join(
-                f"{a['size']}B->{a['chose']} {a['auto_over_best']:.2f}x fastest({a['best']})" for a in picks))
+                print(f"  {size:>10} {head['count']:>10} {alg:<20} {_cells(o)} | {_cells(i)} "
+                      f"{_fmt(head['predicted_us'], '{:9.1f}'):>9}")
+        for a in (a for a in auto_rows if a["collective"] == coll and coll not in done):
+            print(f"# auto at {size_label(a['size'])}B: {a['chose']}, {a['auto_over_best']:.2f}x the fastest "
+                  f"({a['best']}), {a['auto_over_mpi']:.2f}x MPI's own")
+        done.add(coll)
 
 
 def add_parser(sub, name: str = "bench", text: str = "") -> None:
@@ -418,8 +550,21 @@ def add_parser(sub, name: str = "bench", text: str = "") -> None:
     for f in fields(Options):
         b.add_argument(*f.metadata["flags"], dest=f.name, default=f.default, help=f.metadata["help"],
                        **f.metadata["kw"])
-    b.set_defaults(func=lambda ns: run(options(ns)))
+    b.set_defaults(func=lambda ns: run(options(ns, b.error)))
 
 
-def options(ns: argparse.Namespace) -> Options:
-    return Options(**{f.name: getattr(ns, f.name) for f in fields(Options) if hasattr(ns, f.name)})
+MAX_SIZES = 64
+
+
+def options(ns: argparse.Namespace, fail: Callable[[str], None] | None = None) -> Options:
+    """The command line's options, checked: anything that cannot run is a usage error now,
+    before MPI starts (`fail` prints it with the usage and exits 2)."""
+    o = Options(**{f.name: getattr(ns, f.name) for f in fields(Options) if hasattr(ns, f.name)})
+    problem = o.problem()
+    if problem:
+        (fail or _raise)(problem)
+    return o
+
+
+def _raise(msg: str) -> None:
+    raise ValueError(msg)

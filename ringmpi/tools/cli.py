@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+from ..errors import RingmpiUsageError
 
 __all__ = ["main", "SUBCOMMANDS"]
 
@@ -47,7 +50,16 @@ def main(argv: list[str] | None = None) -> int:
     wanted = next((a for a in argv if not a.startswith("-")), None)
     ap = build_parser(wanted if wanted in SUBCOMMANDS else None)
     ns = ap.parse_args(argv)
-    return ns.func(ns) or 0
+    try:
+        return ns.func(ns) or 0
+    except RingmpiUsageError as e:  # a bad RINGMPI_* setting or argument: one line, no traceback
+        print(f"ringmpi {ns.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `ringmpi ... | head`: the reader left; stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

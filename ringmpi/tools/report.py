@@ -29,47 +29,64 @@ def best_bands(rows: list[dict]) -> dict[str, list[tuple[str, str, str]]]:
 
 
 def _selected(rows: list[dict], coll: str) -> tuple[str, list[dict]]:
-    """The placement a collective is shown in (out of place where it has one) and its rows."""
+    """The placement a collective's table shows (out of place where it has one) and its rows."""
     sel = [r for r in rows if r["collective"] == coll]
     place = "out" if any(r["placement"] == "out" for r in sel) else "in"
     return place, [r for r in sel if r["placement"] == place]
 
 
 def _panel(ax, key: str, ylabel: str, rows: list[dict], coll: str, color: dict, p: int) -> None:
-    """One collective's curves (one per algorithm) of `key` against the message size."""
-    place, sel = _selected(rows, coll)
-    sel = [r for r in sel if r["size"] > 0]
+    """One collective's curves of `key` against the message size: one colour per algorithm,
+    out of place solid and in place dashed, min-max over ranks as error bars on the times,
+    the fitted model dotted (one legend entry for all)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+    sel = [r for r in rows if r["collective"] == coll and r["size"] > 0 and r.get(key) is not None]
+    model_drawn = False
     for alg in dict.fromkeys(r["algorithm"] for r in sel):
-        pts = sorted((r["size"], r[key], r.get("predicted_us")) for r in sel if r["algorithm"] == alg
-                     and r[key] is not None)
-        if not pts:
-            continue
-        xs = [a for a, _, _ in pts]
-        style = dict(color="black", linewidth=2.5, linestyle="--") if alg == "mpi" else dict(color=color[alg])
-        ax.plot(xs, [b for _, b, _ in pts], marker="o", markersize=3,
-                label="MPI's own" if alg == "mpi" else alg, **style)
-        if key == "time_us" and alg != "mpi" and all(c is not None for _, _, c in pts):
-            ax.plot(xs, [c for _, _, c in pts], linestyle=":", color=style["color"], linewidth=1)
+        c = "black" if alg == "mpi" else color[alg]
+        for place, dash in (("out", "-"), ("in", "--")):
+            pts = sorted((r for r in sel if r["algorithm"] == alg and r["placement"] == place), key=lambda r: r["size"])
+            if not pts:
+                continue
+            xs = [r["size"] for r in pts]
+            ys = [r[key] for r in pts]
+            label = ("MPI's own" if alg == "mpi" else alg) + ("" if place == "out" else " (in place)")
+            width = 2.5 if alg == "mpi" else 1.3
+            if key == "time_us":
+                err = [[y - r["time_min_us"] for y, r in zip(ys, pts)], [r["time_max_us"] - y for y, r in zip(ys, pts)]]
+                ax.errorbar(xs, ys, yerr=err, color=c, linestyle=dash, linewidth=width, marker="o", markersize=3,
+                            capsize=2, elinewidth=0.8, label=label)
+            else:
+                ax.plot(xs, ys, color=c, linestyle=dash, linewidth=width, marker="o", markersize=3, label=label)
+            if key == "time_us" and place == "out" and alg != "mpi" and all(r.get("predicted_us") for r in pts):
+                ax.plot(xs, [r["predicted_us"] for r in pts], linestyle=":", color=c, linewidth=1.2,
+                        label=None if model_drawn else "fitted model (dotted)")
+                model_drawn = True
     if key == "ratio_mpi":
         ax.axhline(1.0, color="black", linewidth=1)
     ax.set_xscale("log", base=2)
-    if key != "busbw":
-        ax.set_yscale("log")
+    ax.set_yscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ticks = sorted({r["size"] for r in sel})
     ax.set_xticks(ticks)
     ax.set_xticklabels([size_label(x) for x in ticks], rotation=45, fontsize=7)
-    ax.set_title(f"{coll} ({place}-of-place), {p} ranks")
+    ax.set_title(f"{coll}, {p} ranks")
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel(ylabel)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=6, loc="best")
 
 
 PLOTS = [("busbw", "bus bandwidth (GB/s)", "Bus bandwidth per algorithm: higher is better", "busbw.png",
-          "Bus bandwidth per algorithm; the thick dashed line is the MPI library's own."),
+          "Bus bandwidth per algorithm, out of place (solid) and in place (dashed); the thick black lines are the "
+          "MPI library's own."),
          ("time_us", "time per call (us)", "Time per call: lower is better; dotted lines are the "
           "fitted alpha-beta-gamma model of each algorithm", "time.png",
-          "Time per call; dotted lines are the fitted alpha-beta-gamma model of each algorithm."),
+          "Time per call (bars: fastest to slowest rank); dotted lines are the fitted alpha-beta-gamma model of "
+          "each algorithm."),
          ("ratio_mpi", "time / MPI's own", "Time divided by the MPI library's own collective at the "
           "same size: below 1 is faster than MPI", "ratio.png",
           "Each algorithm's time divided by MPI's own at the same size: below 1 is faster than MPI.")]
@@ -124,7 +141,8 @@ def _md_header(info: dict, prof, p: int, args: dict) -> list[str]:
 def _md_collective(rows: list[dict], auto_rows: list[dict], coll: str) -> list[str]:
     place, sel = _selected(rows, coll)
     algs = list(dict.fromkeys(r["algorithm"] for r in sel))
-    md = [f"## {coll} ({place}-of-place time in us; in brackets: ratio to MPI's own)", "",
+    where = "out of place" if place == "out" else "in place"
+    md = [f"## {coll} ({where}, time in us; in brackets: ratio to MPI's own)", "",
           "| size | " + " | ".join(algs) + " | fastest | auto chose | auto / fastest | auto / MPI |",
           "|---|" + "---|" * (len(algs) + 4)]
     for size in sorted({r["size"] for r in sel}):
@@ -142,11 +160,12 @@ def _md_collective(rows: list[dict], auto_rows: list[dict], coll: str) -> list[s
 
 
 def write_report(out: Path, info: dict, rows: list[dict], auto_rows: list[dict], prof, p: int,
-                 args: dict) -> Path:
+                 args: dict, overhead: list[dict] | None = None) -> Path:
     """bench.json, bench.csv, profile.json, the plots and report.md in folder `out`."""
     out.mkdir(parents=True, exist_ok=True)
     args = {k: v for k, v in args.items() if k != "func"}
     (out / "bench.json").write_text(json.dumps({"banner": info, "args": args, "rows": rows, "auto": auto_rows,
+                                                "api_overhead": overhead or [],
                                                 "profile": {k: v for k, v in vars(prof).items()}}, indent=1))
     with open(out / "bench.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
@@ -154,6 +173,8 @@ def write_report(out: Path, info: dict, rows: list[dict], auto_rows: list[dict],
         w.writerows(rows)
     prof.save(out / "profile.json")
     pics = plot(out, rows, prof, p)
+    if not pics:
+        print("# plots left out: matplotlib is not installed (pip install 'ringmpi[plot]')")
     md = _md_header(info, prof, p, args)
     for coll in dict.fromkeys(r["collective"] for r in rows):
         md += _md_collective(rows, auto_rows, coll)
@@ -161,7 +182,9 @@ def write_report(out: Path, info: dict, rows: list[dict], auto_rows: list[dict],
     for coll, bands in best_bands(rows).items():
         md.append(f"- {coll}: " + "; ".join(f"{lo if lo == hi else lo + '-' + hi}: **{alg}**" for lo, hi, alg in bands))
     md.append("")
-    if pics:
+    if not pics:
+        md += ["## Plots", "", "Left out: matplotlib is not installed (`pip install 'ringmpi[plot]'`).", ""]
+    else:
         md += ["## Plots", ""]
         captions = {f: caption for *_, f, caption in PLOTS}
         for f in pics:

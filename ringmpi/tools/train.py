@@ -7,14 +7,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any, Callable
 
 import numpy as np
 
-from ..api import group
+from ..api import algorithms, group
 from ..auto import profile_of
 from ..dp.ps import async_sgd_study
 from ..dp.train import make_task, max_diff, params_digest, train_dp, train_single
 from ..model import dp_step
+from . import args
 
 __all__ = ["add_parser"]
 
@@ -93,7 +95,7 @@ def _run(ns) -> int:
         return _staleness()
     t = group()
     dtype = np.dtype(ns.dtype)
-    task = make_task(ns.model, dtype, ns.seed, tuple(int(v) for v in ns.sizes.split(",")), ns.samples)
+    task = make_task(ns.model, dtype, ns.seed, tuple(ns.sizes), ns.samples)
     kw = dict(optimizer=ns.optimizer, lr=ns.lr, momentum=ns.momentum, seed=ns.seed)
     if t.rank == 0 and not ns.quiet:
         print(f"# ringmpi train: {ns.model}, {t.size} ranks, global batch {ns.batch}, {ns.steps} steps, "
@@ -110,22 +112,37 @@ def _run(ns) -> int:
     return 0 if same else 1
 
 
+def _positive(kind: type) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a number") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: must be above 0")
+        return value
+    convert.__name__ = f"positive {kind.__name__}"
+    return convert
+
+
 def add_parser(sub, name: str = "train", text: str = "") -> None:
     a = sub.add_parser(name, help=text, description=__doc__.split("\n\n")[0],
+                       epilog="example: python -m ringmpi.launch -n 4 -- .venv/bin/ringmpi train --steps 20 --compare",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    a.add_argument("--model", choices=["mlp", "rnn"], default="mlp")
-    a.add_argument("--sizes", default="16,32,32,4", help="MLP layer sizes")
-    a.add_argument("--samples", type=int, default=512)
-    a.add_argument("--steps", type=int, default=20)
-    a.add_argument("--batch", type=int, default=64, help="global batch (split over the ranks)")
-    a.add_argument("--dtype", default="float64")
-    a.add_argument("--algorithm", default="ring", help="all-reduce algorithm for the gradients (default ring)")
-    a.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
-    a.add_argument("--lr", type=float, default=0.1)
-    a.add_argument("--momentum", type=float, default=0.9)
-    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--model", choices=["mlp", "rnn"], default="mlp", help="an MLP classifier or a character RNN")
+    a.add_argument("--sizes", type=args.int_list, default="16,32,32,4", help="MLP layer sizes")
+    a.add_argument("--samples", type=_positive(int), default=512, help="data set size")
+    a.add_argument("--steps", type=_positive(int), default=20, help="training steps")
+    a.add_argument("--batch", type=_positive(int), default=64, help="global batch (split over the ranks)")
+    a.add_argument("--dtype", choices=["float32", "float64"], default="float64", help="parameter type")
+    a.add_argument("--algorithm", choices=algorithms("allreduce") + ["auto"], default="ring",
+                   help="all-reduce algorithm for the gradients")
+    a.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd", help="optimizer")
+    a.add_argument("--lr", type=_positive(float), default=0.1, help="learning rate")
+    a.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+    a.add_argument("--seed", type=int, default=0, help="seed of data, initial parameters and shuffling")
     a.add_argument("--compare", action="store_true", help="also run single-process and MPI_Allreduce training")
     a.add_argument("--speedup", action="store_true", help="measured speedup next to the model's prediction")
     a.add_argument("--staleness", action="store_true", help="the asynchronous SGD staleness table (no MPI)")
-    a.add_argument("--quiet", action="store_true")
+    a.add_argument("--quiet", action="store_true", help="no per-step lines")
     a.set_defaults(func=_run)

@@ -32,15 +32,16 @@ def say(*a):  # one write per line: launchers interleave the ranks' output at wr
 SAFETY = {"RINGMPI_CHECK": "1", "RINGMPI_STALL_ABORT": "5"}
 
 
-def job(tmp_path: Path, code: str, n: int = 3, env: dict | None = None, timeout: float = 90) -> tuple[int, str, float]:
+def job(tmp_path: Path, code: str, n: int = 3, env: dict | None = None, timeout: float = 90,
+        mpi_args: str = "") -> tuple[int, str, float]:
     """Run `code` (after HEADER) on n ranks; returns (exit status, all output, seconds)."""
     script = tmp_path / "scenario.py"
     script.write_text(HEADER + textwrap.dedent(code))
     base = {k: v for k, v in os.environ.items()
             if not k.startswith(("OMPI_COMM", "PMIX", "PRTE", "OMPI_MCA", "PMI_", "HYDRA", "RINGMPI_"))}
     base.update({"RINGMPI_ABORT_ON_EXCEPTION": "0", "OMP_NUM_THREADS": "1", **(env or {})})
-    cmd = [sys.executable, "-m", "ringmpi.launch", "-n", str(n), "--timeout", str(timeout), "--",
-           sys.executable, str(script)]
+    cmd = [sys.executable, "-m", "ringmpi.launch", "-n", str(n), "--timeout", str(timeout),
+           *(["--mpi-args", mpi_args] if mpi_args else []), "--", sys.executable, str(script)]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60, env=base, errors="replace")
     return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - t0
@@ -316,3 +317,47 @@ def test_a_busy_thread_does_not_hide_a_stuck_one(tmp_path):
     rc, out, secs = job(tmp_path, THREADS, env=SAFETY)
     assert rc not in (0, 124) and secs < 15, (rc, secs, out)
     assert re.search(r"has waited \d+ s in allreduce/ring \(ranks \[1\] have not arrived\); aborting the job", out), out
+
+
+# -- tuning exported for the MPI library is accepted by it ----------------------------------
+
+EXPORT = """
+from ringmpi.cost import Profile
+from ringmpi.tools import export
+from ringmpi.mpicomm import selection_default
+M = {"allreduce": {"mpi": [[8, 2e-6], [1 << 16, 20e-6]], "ring": [[8, 9e-6], [1 << 16, 10e-6]]},
+     "broadcast": {"mpi": [[8, 1e-6], [1 << 16, 9e-6]], "tree": [[8, 2e-6], [1 << 16, 5e-6]]},
+     "allgather": {"mpi": [[8, 1e-6], [1 << 16, 9e-6]], "recursive_doubling": [[8, 2e-6], [1 << 16, 5e-6]]},
+     "reduce": {"mpi": [[8, 1e-6], [1 << 16, 9e-6]], "tree": [[8, 2e-6], [1 << 16, 5e-6]]}}
+fmt = "mpich-json" if "MPICH" in MPI.Get_library_version() else "ompi-rules"
+export.write(fmt, Profile(alpha=1e-6, beta=1e-10, world_size=3, measured=M), 3, sys.argv[1], selection_default())
+say(fmt, "written")
+"""
+
+USE = """
+for n in (1, 100, 70000):
+    x = np.arange(n, dtype=np.float64) + r
+    ok = [np.array_equal(ringmpi.allreduce(x, algorithm="mpi"), sum(np.arange(n) + q for q in range(P)))]
+    y = x.copy()
+    ringmpi.broadcast(y, 1, algorithm="mpi")
+    ok.append(np.array_equal(y, np.arange(n) + 1.0))
+    ok.append(np.array_equal(ringmpi.allgather(x, algorithm="mpi"), np.concatenate([np.arange(n) + q for q in range(P)])))
+    out = ringmpi.reduce(x, root=2, algorithm="mpi")
+    ok.append(r != 2 or np.array_equal(out, sum(np.arange(n) + q for q in range(P))))
+    say(n, "correct", all(ok))
+"""
+
+
+def test_exported_tuning_is_accepted_by_the_library(tmp_path):
+    """The file written for this MPI (Open MPI rules or MPICH selection JSON) is read by the
+    library at start-up, and its collectives still give correct results under it."""
+    path = tmp_path / "tuning"
+    rc, out, _ = job(tmp_path, EXPORT.replace("sys.argv[1]", repr(str(path))), n=1)
+    assert rc == 0 and "written" in out, out
+    if "mpich-json" in out:
+        rc, out, secs = job(tmp_path, USE, env={"MPIR_CVAR_COLL_SELECTION_TUNING_JSON_FILE": str(path)})
+    else:
+        rc, out, secs = job(tmp_path, USE, mpi_args=f"--mca coll_tuned_use_dynamic_rules 1 "
+                                                   f"--mca coll_tuned_dynamic_rules_filename {path}")
+    assert rc == 0 and out.count("correct True") == 9, out
+    assert "rules" not in out.lower() and "error" not in out.lower(), out  # the library read the file silently

@@ -34,8 +34,9 @@ def keep_profile():
 
 
 def test_bench_report(shared_dir, capsys):
-    rc = main(["bench", *ARGS, "--out", str(shared_dir / "r"), "--no-save-profile"])
+    rc = main(["bench", *ARGS, "--out", str(shared_dir / "r")])
     assert COMM.allgather(rc) == [0] * P
+    assert not auto.profile_path(P).exists(), "a plain benchmark wrote the profile auto reads"
     if R == 0:
         out = capsys.readouterr().out
         assert "# Out of bounds values : 0 OK" in out and "# Avg bus bandwidth" in out
@@ -73,7 +74,7 @@ def test_wrong_results_are_counted_and_fail_the_run(shared_dir, monkeypatch, cap
             if t.rank == 0 and call.recv.size:
                 call.recv[0] += 1
     monkeypatch.setitem(schedules._REGISTRY, ("allreduce", "ring"), Broken("allreduce", "ring", real.body, real.cost))
-    rc = main(["bench", *ARGS, "-C", "allreduce", "-A", "ring", "--no-save-profile", "--quiet"])
+    rc = main(["bench", *ARGS, "-C", "allreduce", "-A", "ring", "--quiet"])
     assert COMM.allgather(rc) == [1] * P
     if R == 0:
         assert "# Out of bounds values : 6 FAILED" in capsys.readouterr().out  # 3 sizes x 2 placements
@@ -103,8 +104,7 @@ def test_calibrate_saves_profile_that_auto_loads(shared_dir, monkeypatch):
 def test_average_mode_json_and_bands(shared_dir, capsys):
     """-a picks the time column like nccl-tests (3 = max over ranks); -J writes the rows."""
     path = shared_dir / "rows.json"
-    rc = main(["bench", *ARGS, "-C", "allreduce", "-A", "ring", "-a", "3", "-J", str(path),
-               "--no-save-profile"])
+    rc = main(["bench", *ARGS, "-C", "allreduce", "-A", "ring", "-a", "3", "-J", str(path)])
     assert rc == 0
     if R == 0:
         rows = json.loads(path.read_text())["rows"]

@@ -1,0 +1,90 @@
+"""The command line refuses nonsense with a one-line error and a non-zero exit status, never
+a traceback; and its commands that need no MPI never start it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+BAD = [
+    ("bench -b 1X", "unknown unit"),
+    ("bench -d float33", "-d float33"),
+    ("bench -C bogus", "-C bogus"),
+    ("bench -b 16M -e 1K", "is above -e"),
+    ("bench -A bogus", "unknown algorithm"),
+    ("bench -A ring -C broadcast", "broadcast has none of them"),
+    ("bench -f 1", "must be above 1"),
+    ("bench -b 1 -e 1G -f 1.01", "more than 64 sizes"),
+    ("bench -n 0", "at least one iteration"),
+    ("bench -w -1", "cannot be negative"),
+    ("bench --rounds 0", "at least one round"),
+    ("bench -r -1", "the root is a rank"),
+    ("bench -c 2", "expected 0 or 1"),
+    ("bench -o median", "-o median"),
+    ("bench -a 7", "invalid choice"),
+    ("bench -r 7 -b 1K -e 1K -C allreduce", "the root must be a rank below 1"),
+    ("calibrate --export bogus x.rules", "--export bogus"),
+    ("model segments --size -5", "non-negative number"),
+    ("model segments --alpha 0", "must be above 0"),
+    ("model segments --size 1X", "unknown unit"),
+    ("model speedup --step 5parsecs", "unknown unit"),
+    ("model predict --collective bogus", "invalid choice"),
+    ("model bogus", "invalid choice"),
+    ("sim table --workers 100", "at most 26 workers"),
+    ("sim table --workers 0", "must be >= 1"),
+    ("sim traffic --workers two", "comma-separated integers"),
+    ("sim time --bandwidth 25furlongs", "unknown unit"),
+    ("train --steps 0", "must be above 0"),
+    ("train --batch -3", "must be above 0"),
+    ("train --algorithm bogus", "invalid choice"),
+    ("train --dtype float16", "invalid choice"),
+    ("bogus", "invalid choice"),
+]
+SETTINGS = [
+    ({"RINGMPI_DEBUG": "1"}, "RINGMPI_DEBUG='1'"),
+    ({"RINGMPI_ALGO": "allreduce=bogus"}, "unknown algorithm 'bogus' for allreduce"),
+    ({"RINGMPI_CHECK": "yes"}, "RINGMPI_CHECK='yes'"),
+    ({"RINGMPI_STALL_ABORT": "-1"}, "RINGMPI_STALL_ABORT='-1'"),
+    ({"RINGMPI_TUNE": "maybe"}, "RINGMPI_TUNE='maybe'"),
+]
+
+
+def ringmpi(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("RINGMPI_", "OMPI_COMM", "PMI", "PMIX"))}
+    return subprocess.run([sys.executable, "-m", "ringmpi", *args], capture_output=True, text=True, timeout=120,
+                          env={**clean, **(env or {})})
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, needle: str) -> None:
+    assert proc.returncode not in (0, None), proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if "error" in ln.lower()]
+    assert len(errors) == 1 and needle in errors[0], proc.stderr
+
+
+@pytest.mark.parametrize("line,needle", BAD, ids=[b for b, _ in BAD])
+def test_bad_command_lines(line, needle):
+    assert_one_line_error(ringmpi(line.split()), needle)
+
+
+@pytest.mark.parametrize("env,needle", SETTINGS, ids=[next(iter(e)) for e, _ in SETTINGS])
+def test_bad_settings(env, needle):
+    """Through a command whose calls use auto (where RINGMPI_ALGO applies)."""
+    line = "bench -b 1K -e 1K -C allreduce -A ring -n 1 -w 0 --rounds 1 --no-progress --quiet"
+    assert_one_line_error(ringmpi(line.split(), env), needle)
+
+
+def test_launcher_refuses_no_ranks():
+    proc = subprocess.run([sys.executable, "-m", "ringmpi.launch", "-n", "0", "--", "true"], capture_output=True,
+                          text=True, timeout=60)
+    assert_one_line_error(proc, "-n must be at least 1")
+
+
+def test_help_and_version():
+    assert ringmpi(["--version"]).stdout.startswith("ringmpi ")
+    for sub in ("bench", "calibrate", "demo", "sim", "model", "train"):
+        out = ringmpi([sub, "--help"]).stdout
+        assert "(default:" in out or sub in ("demo",), sub  # every option shows its default
+        assert "--help" in out
