@@ -5,7 +5,8 @@
 #   sudo bash benchmarks/multihost.sh [N=4] [-- ringmpi bench arguments]
 # It creates namespaces rmh0..rmh{N-1} (10.77.0.1..N/24, bridge rmbr0 at 10.77.0.254) and
 # removes them, the bridge and its /etc/hosts lines on exit. RUN_CMD replaces the benchmark
-# (e.g. RUN_CMD="$PWD/.venv/bin/python probe.py"), EXTRA_MPI_ARGS adds launcher flags.
+# (e.g. RUN_CMD="$PWD/.venv/bin/python probe.py"), EXTRA_MPI_ARGS adds launcher flags, and
+# RATE=1gbit shapes every host's egress with an HTB class at that rate (tc), as a 1 Gbit/s NIC.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-4}; shift || true
@@ -16,7 +17,7 @@ MPIRUN=$(dirname "$PY")/mpirun
 WORK=
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 cleanup() {
-  for i in $(seq 0 $((N - 1))); do ip netns del "rmh$i" 2>/dev/null || true; done
+  for i in $(seq 0 $((N - 1))); do ip netns del "rmh$i" 2>/dev/null || true; ip link del "vrmh$i" 2>/dev/null || true; done
   ip link del rmbr0 2>/dev/null || true
   sed -i '/# ringmpi-multihost$/d' /etc/hosts
   [ -z "$WORK" ] || rm -rf "$WORK"
@@ -35,6 +36,11 @@ for i in $(seq 0 $((N - 1))); do
   ip netns exec $h ip addr add 10.77.0.$((i + 1))/24 dev eth0
   ip netns exec $h ip link set eth0 up
   ip netns exec $h ip link set lo up
+  if [ -n "${RATE:-}" ]; then
+    ip netns exec $h tc qdisc add dev eth0 root handle 1: htb default 10 r2q 1000
+    ip netns exec $h tc class add dev eth0 parent 1: classid 1:10 htb rate "$RATE" ceil "$RATE"
+    ip netns exec $h tc qdisc add dev eth0 parent 1:10 handle 10: pfifo limit 10000  # deep: no drops
+  fi
   echo "10.77.0.$((i + 1)) $h # ringmpi-multihost" >> /etc/hosts
   echo "$h slots=1" >> "$WORK/hosts"
 done
@@ -58,4 +64,4 @@ NET=10.77.0.0/24
   --prtemca plm_ssh_agent $WORK/agent --prtemca plm_ssh_no_tree_spawn 1 \
   --prtemca oob_tcp_if_include $NET --mca oob_tcp_if_include $NET \
   --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include $NET --mca mpi_yield_when_idle 1 --map-by node ${EXTRA_MPI_ARGS:-}" \
-  -- ${RUN_CMD:-"$PY" -m ringmpi bench --no-save-profile "${ARGS[@]}"}
+  -- ${RUN_CMD:-"$PY" -m ringmpi bench "${ARGS[@]}"}

@@ -72,6 +72,44 @@ def collective_summary(d: dict, p: int) -> list[str]:
     return out
 
 
+def fresh_section(d: dict) -> list[str]:
+    """Per-call overhead against MPI's own, and online tuning on a machine with no profile."""
+    out = ["\n## Never slower than plain MPI: 2 ranks, no profile (`results/fresh-p2`, `bench --fresh`)", "",
+           "API overhead: `ringmpi.allreduce(x, y)` and `ringmpi.allreduce(x)` (auto) against MPI_Allreduce called "
+           "directly (mpi4py's bound method, preallocated result), float32 SUM, interleaved, median:", "",
+           "| size | MPI_Allreduce (us) | ringmpi.allreduce(x, y) (us) | ratio | ringmpi.allreduce(x) (us) | ratio |",
+           "|---|---|---|---|---|---|"]
+    for r in d.get("api_overhead", []):
+        out.append(f"| {lab(r['size'])} | {r['mpi_us']:.2f} | {r['auto_us']:.2f} | {r['auto_over_mpi']:.2f} | "
+                   f"{r['auto_new_us']:.2f} | {r['auto_new_over_mpi']:.2f} |")
+    out += ["", "Online tuning from scratch (RINGMPI_TUNE=1, no profile): auto after its exploration, timed "
+            "beside the fastest candidate (both through the API) and MPI's own:", "",
+            "| collective | auto / fastest, worst size | auto / MPI's own, worst | exploration calls | "
+            "exploration cost, median (max) in calls of the slowest candidate tried | max cost (ms) |",
+            "|---|---|---|---|---|---|"]
+    for coll in dict.fromkeys(a["collective"] for a in d["auto"]):
+        au = [a for a in d["auto"] if a["collective"] == coll]
+        worst = max(au, key=lambda a: a["auto_over_best"])
+        mpi = max(au, key=lambda a: a["auto_over_mpi"])
+        ex = sorted(a["explore_in_slowest_calls"] for a in au if "explore_in_slowest_calls" in a)
+        calls = sorted({a["explore_calls"] for a in au if "explore_calls" in a})
+        cost = max(a["explore_cost_us"] for a in au if "explore_cost_us" in a) / 1e3
+        out.append(f"| {coll} | {worst['auto_over_best']:.2f} ({lab(worst['size'])}) | {mpi['auto_over_mpi']:.2f} "
+                   f"({lab(mpi['size'])}) | {calls[0]}-{calls[-1]} | {ex[len(ex) // 2]:.1f} ({ex[-1]:.1f}) | "
+                   f"{cost:.2f} |")
+    return out
+
+
+def htb_section(d: dict) -> list[str]:
+    p = d["profile"]
+    direct = p["meta"].get("direct", {})
+    return ["\n## Calibration over a shaped link: 4 hosts x 1 rank, HTB 1 Gbit/s per host "
+            "(`results/multihost-htb-p4`)", "",
+            f"The link gives 0.125 GB/s. Point-to-point rounds alone measured "
+            f"{1 / direct['beta'] / 1e9:.3g} GB/s; the fitted profile: {profile_line(d)}; bandwidth "
+            f"{1 / p['beta'] / 1e9 / 0.125:.2f}x the link's rate."]
+
+
 def main() -> int:
     w = sys.stdout.write
     d = load("p2-allreduce")
@@ -106,6 +144,10 @@ def main() -> int:
         w(f"\n#wrong {sum(r['wrong'] for r in m['rows'])}; auto within {max(a['auto_over_best'] for a in aus):.2f}x of "
           f"the fastest at every size of both collectives (the fastest at {sum(a['chose'] == a['best'] for a in aus)} "
           f"of {len(aus)}). Fitted profile over TCP: {profile_line(m)}.\n")
+    if (RES / "fresh-p2" / "bench.json").exists():
+        w("\n".join(fresh_section(load("fresh-p2"))) + "\n")
+    if (RES / "multihost-htb-p4" / "bench.json").exists():
+        w("\n".join(htb_section(load("multihost-htb-p4"))) + "\n")
     wrong = sum(r["wrong"] for n in ("p2-allreduce", "p2-all", "p4-all") for r in load(n)["rows"])
     w(f"\n#wrong over every row of the three laptop runs: {wrong}.\n")
     return 0
