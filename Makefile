@@ -1,25 +1,30 @@
 # ringmpi: `make bench` (the main job) and `make test` each set up .venv themselves.
 #   MPI=wheel  (default) the Open MPI wheel from PyPI, nothing else needed
 #   MPI=mpich  the MPICH wheel from PyPI instead
-#   MPI=system build mpi4py against the MPI whose mpicc is on PATH (Open MPI, MPICH, ...)
+#   MPI=system build mpi4py against the MPI whose mpicc is on PATH (Open MPI, MPICH, ...),
+#              or MPICC=/path/to/mpicc; the venv's bin/mpiexec then runs that MPI's launcher
 PY      ?= python3
 VENV    ?= .venv
 MPI     ?= wheel
+MPICC   ?= mpicc
 NP      ?= 4
 RANKS   ?= 1 2 3 4
 V       := $(VENV)/bin
 LAUNCH  := $(V)/python -m ringmpi.launch
 OUT     ?= results
 
-.PHONY: setup bench test lint test-unit test-mpi test-faults test-readme test-mpich demo clean
+.PHONY: setup bench test lint test-unit test-mpi test-faults test-mpi4py test-readme test-mpich demo clean
 all: test
 
 $(V)/.stamp-$(MPI): setup.cfg pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(V)/python -m pip install -q --upgrade pip
 ifeq ($(MPI),system)
-	$(V)/python -m pip install -q --no-binary mpi4py --no-cache-dir mpi4py
+	MPICC=$(MPICC) $(V)/python -m pip install -q --no-binary mpi4py --no-cache-dir mpi4py
 	$(V)/python -m pip install -q -e '.[test]'
+	@run=$$($(V)/python -c "from ringmpi.tools.launch import launcher_beside; print(launcher_beside('$(MPICC)') or '')"); \
+	  test -n "$$run" || { echo "no mpiexec beside $(MPICC)"; exit 1; }; \
+	  printf '#!/bin/sh\nexec %s "$$@"\n' "$$run" > $(V)/mpiexec; chmod +x $(V)/mpiexec; echo "$(V)/mpiexec runs $$run"
 else ifeq ($(MPI),mpich)
 	$(V)/python -m pip install -q -e '.[test,mpich]'
 else
@@ -35,7 +40,7 @@ bench: setup
 demo: setup
 	$(LAUNCH) -n $(NP) --timeout 300 -- $(V)/python -m ringmpi demo
 
-test: lint test-unit test-mpi test-faults test-readme test-mpich
+test: lint test-unit test-mpi test-faults test-mpi4py test-readme test-mpich
 
 # pyflakes-level checks and likely bugs (unused names, undefined names, mutable defaults ...)
 lint: setup
@@ -44,6 +49,7 @@ lint: setup
 # The same MPI and fault tests on a second MPI implementation (the MPICH wheel, its own venv).
 test-mpich:
 	$(MAKE) --no-print-directory test-mpi test-faults MPI=mpich VENV=$(VENV)-mpich RANKS="2 3"
+	$(MAKE) --no-print-directory test-mpi4py MPI=mpich VENV=$(VENV)-mpich
 
 # Every command of the README, pasted into a fresh shell (tests/readme/test_readme.py).
 test-readme: setup
@@ -53,6 +59,12 @@ test-readme: setup
 # mismatched arguments, stuck threads, stale messages, memory) under a deadline.
 test-faults: setup
 	$(V)/python -m pytest -q tests/faults
+
+# mpi4py's own collective tests (test/test_cco_buf.py of the installed version's source
+# distribution, fetched with pip into build/), unchanged, with MPI.COMM_WORLD and COMM_SELF
+# replaced by ringmpi.Comm (python -m ringmpi.run), against the same tests on plain mpi4py.
+test-mpi4py: setup
+	$(V)/python tests/mpi4py/suite.py --ranks $(RANKS)
 
 test-unit: setup
 	$(V)/python -m pytest -q tests/unit

@@ -4,6 +4,9 @@ virtual cluster, benchmarks and a data-parallel trainer.
     import ringmpi
     s = ringmpi.allreduce(x, algorithm="ring")      # under mpirun; every rank gets the sum
 
+An unchanged mpi4py program: `comm = ringmpi.Comm(MPI.COMM_WORLD)` (its Allreduce, Bcast, ...
+run ringmpi), or `mpirun -n 4 python -m ringmpi.run script.py` for no change at all.
+
 The collectives: allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall (and
 shift, one ring round). `algorithms(name)` lists their algorithms; `last_choice()` says
 what the last call ran and why. MPI is initialised at the first collective call, not at
@@ -31,6 +34,17 @@ except ImportError as _missing:  # e.g. numpy absent from a bare python3 that on
 else:
     __all__ = ["algorithms", "last_choice", "RingmpiUsageError", "RingmpiError", "__version__"]
     __all__ += _collectives.__all__
+
+    def __getattr__(name: str):
+        """`ringmpi.Comm` (the mpi4py drop-in, ringmpi.comm) is imported at first use: it
+        subclasses mpi4py's communicator, and importing mpi4py initialises MPI."""
+        if name == "Comm":
+            from .comm import Comm
+            return Comm
+        raise AttributeError(f"module 'ringmpi' has no attribute {name!r}")
+
+    def __dir__() -> list[str]:
+        return sorted([*globals(), "Comm"])
 
 
 def _excepthook(tp, value, tb, _previous=_sys.excepthook):

@@ -32,7 +32,10 @@ __all__ = ["execute", "Edge", "group", "algorithms", "last_choice", "send_recv_p
            "RingmpiError"]
 
 # (kind, itemsize): np.longlong and np.int64 are different chars of the same type
-_DTYPE_KEYS = frozenset((d.kind, d.itemsize) for d in SUPPORTED_DTYPES)
+#: (kind, itemsize) -> the one dtype ringmpi uses for it: numpy's 'q' and 'l' (both int64 on
+#: Linux) are the same numbers, but mpi4py maps them to MPI_LONG_LONG and MPI_LONG, whose
+#: mismatch it refuses; a buffer is viewed as the canonical dtype before it reaches MPI
+_CANONICAL = {(d.kind, d.itemsize): d for d in SUPPORTED_DTYPES}
 _MPI: list[Any] = []
 
 
@@ -81,13 +84,14 @@ class Edge:
             self.fail(f"{name} must be C-contiguous (got strides {buf.strides} for shape "
                       f"{buf.shape}); pass np.ascontiguousarray({name})")
         dt = buf.dtype
-        if (dt.kind, dt.itemsize) not in _DTYPE_KEYS or not dt.isnative:
+        canonical = _CANONICAL.get((dt.kind, dt.itemsize))
+        if canonical is None or not dt.isnative:
             self.fail(f"{name} has dtype {buf.dtype}; expected one of "
                       f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}")
         if writable and not buf.flags.writeable:
             self.fail(f"{name} is read-only; the result needs a writable buffer")
         flat = buf.reshape(-1) if type(buf) is np.ndarray else buf.view(np.ndarray).reshape(-1)
-        return flat
+        return flat if dt.char == canonical.char else flat.view(canonical)
 
     def op(self, op: Any, dtype: np.dtype) -> str:
         try:
@@ -337,13 +341,14 @@ def monitored(t: Any, tuner: Any, plan: Callable, sendbuf: Any, recvbuf: Any) ->
     return out
 
 
-def send_recv_plan(t: Any, function: str, op: str | None, shape: tuple, dtype: Any, label: str, choice: dict,
+def send_recv_plan(t: Any, function: str, op: str | None, shape: tuple, label: str, choice: dict,
                    slow: Callable, tuner: Any = None) -> Callable:
     """The library's `function(send, recv[, op])` on the user's arrays: a new result array
     of `shape` when recvbuf is None, IN_PLACE when recvbuf is sendbuf. This is the fast
     path's hot loop: no validation beyond what the plan's key guarantees, and anything
-    the key does not cover (overlapping buffers, a read-only result: mpi4py's BufferError,
-    raised before any message moves) goes to the full path, which explains it."""
+    the key does not cover (overlapping buffers, a read-only result: mpi4py's BufferError;
+    equal dtypes that mpi4py maps to different MPI types, 'l' and 'q': its ValueError; both
+    raised before any message moves) goes to the full path, which explains or serves it."""
     fn, mpi_op, in_place = t.direct(function, op)
     empty, may_share = np.empty, np.may_share_memory
     if len(shape) == 1:
@@ -355,7 +360,7 @@ def send_recv_plan(t: Any, function: str, op: str | None, shape: tuple, dtype: A
             if not tuner.left:
                 return monitored(t, tuner, run, sendbuf, recvbuf)
         if recvbuf is None:
-            recvbuf, send = empty(shape, dtype), sendbuf
+            recvbuf, send = empty(shape, sendbuf.dtype), sendbuf
         elif recvbuf is sendbuf:
             send = in_place
         elif (sendbuf.base is not None or recvbuf.base is not None) and may_share(sendbuf, recvbuf):
@@ -366,7 +371,7 @@ def send_recv_plan(t: Any, function: str, op: str | None, shape: tuple, dtype: A
         t.busy = label
         try:
             fn(send, recvbuf, mpi_op) if mpi_op is not None else fn(send, recvbuf)
-        except BufferError:
+        except (BufferError, ValueError):
             t.seq -= 1
             t.busy = None
             return slow(sendbuf, recvbuf)
@@ -394,7 +399,7 @@ def call_plan(t: Any, function: str, build: Callable, label: str, choice: dict, 
         t.busy = label
         try:
             fn(*built[0])
-        except BufferError:
+        except (BufferError, ValueError):
             t.seq -= 1
             t.busy = None
             return slow(sendbuf, recvbuf)

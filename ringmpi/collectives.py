@@ -143,7 +143,7 @@ class _Allreduce(Collective):
         t.library("Allreduce", IN_PLACE if call.inplace else call.send, call.recv, call.op)
 
     def direct(self, t, call, args, choice, slow, tuner=None):
-        return send_recv_plan(t, "Allreduce", call.op, args["sendbuf"].shape, call.dtype, "allreduce/mpi",
+        return send_recv_plan(t, "Allreduce", call.op, args["sendbuf"].shape, "allreduce/mpi",
                               choice, slow, tuner)
 
 
@@ -199,7 +199,7 @@ class _ReduceScatter(Collective):
     def direct(self, t, call, args, choice, slow, tuner=None):
         if call.inplace or args["counts"] is not None or not call.count or call.count % t.size:
             return None  # ringmpi's in-place result sits in block r, MPI's at the front
-        return send_recv_plan(t, "Reduce_scatter_block", call.op, (call.count // t.size,), call.dtype,
+        return send_recv_plan(t, "Reduce_scatter_block", call.op, (call.count // t.size,),
                               "reduce_scatter/mpi", choice, slow, tuner)
 
 
@@ -253,7 +253,7 @@ class _Allgather(Collective):
     def direct(self, t, call, args, choice, slow, tuner=None):
         if args["counts"] is not None:
             return None
-        return send_recv_plan(t, "Allgather", None, (call.count,), call.dtype, "allgather/mpi", choice, slow,
+        return send_recv_plan(t, "Allgather", None, (call.count,), "allgather/mpi", choice, slow,
                               tuner)
 
 
@@ -354,7 +354,7 @@ class _Alltoall(Collective):
         t.library("Alltoall", IN_PLACE if call.inplace else call.send, call.recv)
 
     def direct(self, t, call, args, choice, slow, tuner=None):
-        return send_recv_plan(t, "Alltoall", None, args["sendbuf"].shape, call.dtype, "alltoall/mpi", choice,
+        return send_recv_plan(t, "Alltoall", None, args["sendbuf"].shape, "alltoall/mpi", choice,
                               slow, tuner)
 
 

@@ -89,8 +89,10 @@ class MPITransport:
         # named by the stall inspector like any other waiting call
         self.busy: str | None = "communicator set-up (MPI_Comm_dup)"  # the call in flight, for the stall watch
         stall.track(self)
-        self.comm = user.Dup()
-        self.ctl = user.Dup()
+        # plain mpi4py communicators, whatever `user` is (a ringmpi.Comm's collectives would
+        # come back here), made with MPI_Comm_dup itself rather than a subclass's Dup
+        self.comm = MPI.Intracomm(MPI.Intracomm.Dup(user))
+        self.ctl = MPI.Intracomm(MPI.Intracomm.Dup(user))
         self.busy = None
         ub = self.comm.Get_attr(MPI.TAG_UB)
         self._tags = max(2, min(ub if isinstance(ub, int) else 32767, 1 << 30))

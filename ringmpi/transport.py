@@ -22,7 +22,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, runtime_checkable
 
-__all__ = ["Counters", "Transport", "Group", "IN_PLACE", "LRU", "PLANS", "LAST", "forget_plans"]
+__all__ = ["Counters", "Transport", "Group", "IN_PLACE", "LRU", "PLANS", "LAST", "GENERATION", "forget_plans"]
 
 #: The fast-path plan cache (`ringmpi.api`): a validated call shape -> a callable that serves
 #: the next identical calls. Emptied (`forget_plans`) whenever what a plan assumed changes:
@@ -33,9 +33,13 @@ PLANS: dict = {}
 #: identity, before any hashing (`ringmpi.allreduce` in a training loop calls it with the
 #: same buffers every step).
 LAST: dict = {}
+#: bumped by forget_plans: a cache that holds plans elsewhere (ringmpi.Comm) checks it
+GENERATION = [0]
 
 
 def forget_plans() -> None:
+    """Drop every plan (settings, profile or tuner decision changed; a communicator freed)."""
+    GENERATION[0] += 1
     PLANS.clear()
     for memo in LAST.values():
         memo[5] = None

@@ -220,6 +220,8 @@ class Options:
     out: str = _opt("", "--out", help="folder for report.md, bench.json, bench.csv, plots")
     save_profile: bool = _opt(False, "--save-profile", action="store_true",
                               help="save the fitted profile for auto (only `ringmpi calibrate` does by default)")
+    force_profile: bool = _opt(False, "--force-profile", action="store_true",
+                               help="with --save-profile: save the fit even when it looks unphysical")
     progress: bool = _opt(True, "--no-progress", action="store_false", help="no progress bar")
     quiet: bool = _opt(False, "--quiet", action="store_true", help="footer only, no table")
     fresh: bool = _opt(False, "--fresh", action="store_true",
@@ -388,19 +390,24 @@ def _time_auto(t, o: Options, plan, sizes, dtype, op, root, rows) -> list[dict]:
 
 def _api_overhead(t: Any, o: Options) -> list[dict]:
     """ringmpi.allreduce on COMM_WORLD as users call it (auto, no comm=, with and without a
-    result buffer) against MPI's own Allreduce called directly, float32 SUM."""
+    result buffer), and the mpi4py drop-in's `ringmpi.Comm(COMM_WORLD).Allreduce(x, y,
+    op=MPI.SUM)`, against mpi4py's own `comm.Allreduce(x, y, op=MPI.SUM)`, float32."""
+    from ..comm import Comm   # imports mpi4py, which is running already
     fn, op, _ = t.direct("Allreduce", "SUM")
+    wrapped = Comm(t.user_comm).Allreduce
     allreduce = _collectives.allreduce
     out = []
     for nbytes in (8, 1024, 65536):
         x = np.ones(nbytes // 4, np.float32)
         y = np.empty_like(x)
-        runners = {"mpi": lambda: fn(x, y, op), "auto": lambda: allreduce(x, y), "auto_new": lambda: allreduce(x)}
-        _settle(runners["auto"], t)
-        _settle(runners["auto_new"], t)
+        runners = {"mpi": lambda: fn(x, y, op), "auto": lambda: allreduce(x, y), "auto_new": lambda: allreduce(x),
+                   "comm": lambda: wrapped(x, y, op)}
+        for name in ("auto", "auto_new", "comm"):
+            _settle(runners[name], t)
         tm = {k: v[0] for k, v in time_interleaved(t, runners, o.iters or 2000, 100, max(o.rounds, 5)).items()}
         out.append(dict(size=nbytes, mpi_us=tm["mpi"] * 1e6, auto_us=tm["auto"] * 1e6, auto_new_us=tm["auto_new"] * 1e6,
-                        auto_over_mpi=tm["auto"] / tm["mpi"], auto_new_over_mpi=tm["auto_new"] / tm["mpi"]))
+                        comm_us=tm["comm"] * 1e6, auto_over_mpi=tm["auto"] / tm["mpi"],
+                        auto_new_over_mpi=tm["auto_new"] / tm["mpi"], comm_over_mpi=tm["comm"] / tm["mpi"]))
     return out
 
 
@@ -414,6 +421,9 @@ def _finish(o: Options, info, rows, auto_rows, prof, p, overhead) -> None:
               + "; ".join(f"{size_label(r['size'])}B: {r['auto_us']:.2f} us / {r['mpi_us']:.2f} us = "
                           f"{r['auto_over_mpi']:.2f}x ({r['auto_new_over_mpi']:.2f}x with a new result array)"
                           for r in overhead))
+        print("# mpi4py drop-in, ringmpi.Comm(comm).Allreduce(x, y, op=MPI.SUM) / mpi4py's comm.Allreduce: "
+              + "; ".join(f"{size_label(r['size'])}B: {r['comm_us']:.2f} us / {r['mpi_us']:.2f} us = "
+                          f"{r['comm_over_mpi']:.2f}x" for r in overhead))
     explored = [a for a in auto_rows if "explore_cost_us" in a]
     if explored:
         worst = max(explored, key=lambda a: a["auto_over_best"])
@@ -440,7 +450,9 @@ def _finish(o: Options, info, rows, auto_rows, prof, p, overhead) -> None:
     if o.save_profile:
         why = unphysical(prof)
         dest = profile_path(p)
-        if why:
+        if why and o.force_profile:
+            print(f"# profile looks unphysical ({why}); saved anyway (--force-profile)")
+        elif why:
             print(f"# profile NOT saved: {why}; auto keeps {dest if dest.exists() else 'its default'}")
             return
         try:

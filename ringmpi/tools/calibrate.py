@@ -28,6 +28,7 @@ def add_parser(sub, name: str = "calibrate", text: str = "") -> None:
     c.add_argument("--out", default="", help="also write the benchmark report here")
     c.add_argument("--export", nargs=2, action="append", default=[], metavar=("FORMAT", "FILE"),
                    help=f"also write the MPI library's tuning file: {' or '.join(export.FORMATS)} (repeatable)")
+    c.add_argument("--force", action="store_true", help="save the profile even when the fit looks unphysical")
     c.set_defaults(func=run)
 
 
@@ -44,7 +45,7 @@ def run(ns: argparse.Namespace) -> int:
                       "tree is the file's base); this process runs another MPI")
     rc = bench.run(bench.Options(minbytes=ns.minbytes, maxbytes=ns.maxbytes, stepfactor=ns.stepfactor,
                                  collectives=ns.collectives, dtype=ns.dtype, out=ns.out, rounds=3,
-                                 quiet=True, save_profile=True))
+                                 quiet=True, save_profile=True, force_profile=ns.force))
     t = group()
     if ns.export and t.rank == 0:
         for fmt, path in ns.export:

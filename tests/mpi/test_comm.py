@@ -1,0 +1,329 @@
+"""ringmpi.Comm, the mpi4py drop-in: every buffer collective it overrides gives what mpi4py's
+own gives (plain MPI on the same handle) on random per-rank data, for every buffer spec
+mpi4py accepts; what it cannot serve goes to mpi4py unchanged (same result, same
+exception); communicators made from it are wrapped; the hot path stays correct.
+(mpi4py's own collective test suite runs through it in `make test-mpi4py`.)"""
+from __future__ import annotations
+
+import array
+import math
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import ringmpi
+from ringmpi import comm as dropin
+from ringmpi import settings
+from tests.helpers import make_data
+
+WORLD = MPI.COMM_WORLD
+P, R = WORLD.size, WORLD.rank
+PLAIN = MPI.Intracomm(WORLD)   # mpi4py's own methods on the same handle: the reference
+
+
+@pytest.fixture
+def comm():
+    return ringmpi.Comm(WORLD)
+
+
+@contextmanager
+def served(method: str, left_to_mpi4py: bool = False):
+    """The calls inside went through ringmpi (or, with left_to_mpi4py, to mpi4py)."""
+    before = dropin.PASSED[method]
+    yield
+    assert (dropin.PASSED[method] > before) == left_to_mpi4py, f"{method}: {dropin.stats().get(method)}"
+
+
+# -- the object -----------------------------------------------------------------------
+
+def test_is_an_mpi4py_intracommunicator_on_the_same_handle(comm):
+    assert isinstance(comm, MPI.Intracomm) and comm == WORLD and comm.handle == WORLD.handle
+    assert comm.Get_rank() == R and comm.Get_size() == P and comm.allreduce(1) == P
+    assert "ringmpi.Comm" in repr(comm)
+
+
+def test_derived_communicators_are_wrapped_with_the_same_choices():
+    c = ringmpi.Comm(WORLD, allreduce="ring")
+    made = {"Dup": c.Dup(), "Clone": c.Clone(), "Split": c.Split(0, R), "Create": c.Create(c.Get_group()),
+            "Create_group": c.Create_group(c.Get_group()), "Split_type": c.Split_type(MPI.COMM_TYPE_SHARED),
+            "Dup_with_info": c.Dup_with_info(MPI.INFO_NULL)}
+    new, req = c.Idup()
+    req.Wait()
+    made["Idup"] = new
+    for name, d in made.items():
+        assert isinstance(d, ringmpi.Comm) and d._algorithms == {"allreduce": "ring"}, name
+    x = np.arange(8.0) + R
+    d = made["Dup"]
+    d.Allreduce(MPI.IN_PLACE, x)
+    assert ringmpi.last_choice(d)["algorithm"] == "ring"
+    assert np.array_equal(x, np.arange(8.0) * P + P * (P - 1) / 2)
+    for d in made.values():
+        if d.Get_size() == P or d is made["Split_type"]:
+            d.Free()
+    odd = c.Split(MPI.UNDEFINED if R == 0 else 1, R)
+    assert (odd == MPI.COMM_NULL) if R == 0 else isinstance(odd, ringmpi.Comm)
+    if odd != MPI.COMM_NULL:
+        odd.Free()
+
+
+def test_unknown_names_are_refused():
+    with pytest.raises(ringmpi.RingmpiUsageError, match="unknown collective 'allreduse'"):
+        ringmpi.Comm(WORLD, allreduse="ring")
+    with pytest.raises(ringmpi.RingmpiUsageError, match="unknown allreduce algorithm 'rign'.*ring"):
+        ringmpi.Comm(WORLD, allreduce="rign")
+    with pytest.raises(TypeError, match="intracommunicator"):
+        ringmpi.Comm(object())
+
+
+# -- every overridden call against mpi4py's own, buffer specs as mpi4py takes them ---------
+
+DT = {np.dtype("float64"): MPI.DOUBLE, np.dtype("int32"): MPI.INT, np.dtype("complex64"): MPI.C_FLOAT_COMPLEX,
+      np.dtype("uint8"): MPI.UNSIGNED_CHAR, np.dtype("bool"): MPI.C_BOOL, np.dtype("int64"): MPI.INT64_T}
+OPS = {"SUM": MPI.SUM, "PROD": MPI.PROD, "MAX": MPI.MAX, "MIN": MPI.MIN, "LAND": MPI.LAND, "BXOR": MPI.BXOR}
+CASES = [(dt, op) for dt in DT for op in OPS
+         if not (op in ("MAX", "MIN") and dt.kind == "c") and not (op == "BXOR" and dt.kind not in "iu")
+         and not (dt.kind == "b" and op not in ("LAND",)) and not (op == "LAND" and dt.kind in "fc")]
+
+
+def specs(a: np.ndarray, n: int | None = None) -> list:
+    """The ways mpi4py lets a program describe the first `n` entries of `a`."""
+    t = DT[a.dtype]
+    n = a.size if n is None else n
+    return [a, [a, t], [a, n, t], [a, (n, 0), t], [a, n, 0, t]]
+
+
+@pytest.mark.parametrize("dt,op", CASES, ids=lambda v: str(v))
+def test_allreduce_every_spec(comm, rng, dt, op):
+    x = make_data(rng, dt, 13, op, exact=True)
+    ref = np.empty_like(x)
+    PLAIN.Allreduce(x, ref, OPS[op])
+    for i, spec in enumerate(specs(out := np.empty_like(x))):
+        out[:] = 0
+        keep = x.copy()
+        with served("Allreduce"):
+            comm.Allreduce(x if i % 2 else [x, DT[x.dtype]], spec, OPS[op])
+        assert np.array_equal(out, ref) and np.array_equal(x, keep), (i, op)
+    for sendspec in (MPI.IN_PLACE, None):
+        y = x.copy()
+        with served("Allreduce"):
+            comm.Allreduce(sendspec, [y, DT[y.dtype]], op=OPS[op])
+        assert np.array_equal(y, ref)
+
+
+def test_reduce_and_bcast_every_root(comm, rng):
+    x = make_data(rng, "float64", 10, "SUM", exact=True)
+    for root in range(P):
+        ref = np.empty_like(x)
+        PLAIN.Reduce(x, ref, MPI.SUM, root)
+        out = np.full_like(x, -1)
+        with served("Reduce"):
+            comm.Reduce([x, MPI.DOUBLE], [out, MPI.DOUBLE] if R == root else None, op=MPI.SUM, root=root)
+        assert np.array_equal(out, ref) if R == root else np.all(out == -1)
+        y = x.copy()
+        with served("Reduce"):
+            comm.Reduce(MPI.IN_PLACE if R == root else y, y, MPI.MAX, root)
+        ref2 = x.copy()
+        PLAIN.Reduce(MPI.IN_PLACE if R == root else ref2, ref2, MPI.MAX, root)
+        if R == root:
+            assert np.array_equal(y, ref2)
+        b = (np.arange(7, dtype=np.int32) * (root + 1)) if R == root else np.zeros(7, np.int32)
+        with served("Bcast"):
+            comm.Bcast([b, MPI.INT], root=root)
+        assert np.array_equal(b, np.arange(7, dtype=np.int32) * (root + 1))
+
+
+def test_bcast_from_a_read_only_root_buffer(comm):
+    b = np.arange(5.0) if R == 0 else np.zeros(5)
+    if R == 0:
+        b.flags.writeable = False
+    with served("Bcast"):
+        comm.Bcast(b, root=0)
+    assert np.array_equal(b, np.arange(5.0))
+
+
+def test_allgather_alltoall_and_v(comm, rng):
+    x = make_data(rng, "int32", 3, "SUM")
+    ref = np.empty(3 * P, np.int32)
+    PLAIN.Allgather(x, ref)
+    out = np.zeros((P, 3), np.int32)        # any contiguous shape
+    with served("Allgather"):
+        comm.Allgather([x, MPI.INT], [out, MPI.INT])
+    assert np.array_equal(out.ravel(), ref)
+    inplace = np.zeros(3 * P, np.int32)
+    inplace[3 * R:3 * R + 3] = x
+    with served("Allgather"):
+        comm.Allgather(MPI.IN_PLACE, inplace)
+    assert np.array_equal(inplace, ref)
+    counts = [q + 1 for q in range(P)]
+    displs = [sum(counts[:q]) for q in range(P)]
+    mine = make_data(rng, "float64", R + 1, "SUM", exact=True)
+    ref = np.empty(sum(counts))
+    PLAIN.Allgatherv(mine, [ref, counts, displs, MPI.DOUBLE])
+    for spec in ([counts, displs, MPI.DOUBLE], [(counts, displs), MPI.DOUBLE], [counts, MPI.DOUBLE], [counts],
+                 [(counts, None), MPI.DOUBLE]):
+        out = np.zeros(sum(counts))
+        with served("Allgatherv"):
+            comm.Allgatherv(mine, [out, *spec])
+        assert np.array_equal(out, ref), spec
+    a = make_data(rng, "complex64", 2 * P, "SUM", exact=True)
+    ref = np.empty_like(a)
+    PLAIN.Alltoall(a, ref)
+    out = np.empty_like(a)
+    with served("Alltoall"):
+        comm.Alltoall(a, [out, 2, MPI.C_FLOAT_COMPLEX])
+    assert np.array_equal(out, ref)
+    with served("Alltoall"):
+        comm.Alltoall(MPI.IN_PLACE, a)
+    assert np.array_equal(a, ref)
+
+
+def test_reduce_scatter_block_and_counts(comm, rng):
+    x = make_data(rng, "float64", 4 * P, "SUM", exact=True)
+    ref = np.empty(4)
+    PLAIN.Reduce_scatter_block(x, ref, MPI.SUM)
+    out = np.empty(4)
+    with served("Reduce_scatter_block"):
+        comm.Reduce_scatter_block([x, MPI.DOUBLE], out, op=MPI.SUM)
+    assert np.array_equal(out, ref)
+    buf = x.copy()   # in place: the whole buffer is the input, the result goes to its start
+    with served("Reduce_scatter_block"):
+        comm.Reduce_scatter_block(MPI.IN_PLACE, buf, MPI.SUM)
+    assert np.array_equal(buf[:4], ref) and np.array_equal(buf[4:], x[4:])
+    counts = [q % 3 + 1 for q in range(P)]
+    x = make_data(rng, "int64", sum(counts), "BXOR")
+    total = np.empty_like(x)
+    PLAIN.Allreduce(x, total, MPI.BXOR)
+    mine = total[sum(counts[:R]):sum(counts[:R + 1])]
+    for rc in (counts, None):
+        out = np.empty(counts[R], np.int64)
+        with served("Reduce_scatter"):
+            comm.Reduce_scatter(x, out, rc, MPI.BXOR)
+        assert np.array_equal(out, mine), rc
+    buf = x.copy()
+    with served("Reduce_scatter"):
+        comm.Reduce_scatter(None, buf, counts, MPI.BXOR)
+    assert np.array_equal(buf[:counts[R]], mine) and np.array_equal(buf[counts[R]:], x[counts[R]:])
+
+
+def test_other_memory_layouts_and_objects(comm):
+    f = np.asfortranarray(np.arange(12.0).reshape(3, 4) + R)
+    ref = np.empty_like(f)
+    PLAIN.Allreduce(f, ref)
+    out = np.empty_like(f)
+    with served("Allreduce"):
+        comm.Allreduce(f, out)
+    assert np.array_equal(out, ref)
+    a = array.array("i", [R + 1] * 5)
+    b = array.array("i", [0] * 5)
+    with served("Allreduce"):
+        comm.Allreduce(a, b, MPI.PROD)
+    assert list(b) == [math.factorial(P)] * 5
+    raw = bytearray(np.full(3, R, np.float64).tobytes())
+    out = bytearray(24)
+    with served("Allreduce"):
+        comm.Allreduce([raw, MPI.DOUBLE], [out, MPI.DOUBLE])
+    assert np.frombuffer(out).tolist() == [P * (P - 1) / 2] * 3
+    q = np.array([1, 2], dtype="q")       # int64 as 'q' and 'l': one MPI type for ringmpi
+    ql = np.zeros(2, dtype="l")
+    comm.Allreduce(q, ql)
+    assert ql.tolist() == [P, 2 * P]
+
+
+# -- what it cannot serve goes to mpi4py, unchanged ----------------------------------------
+
+def test_unserved_calls_go_to_mpi4py(comm):
+    pair = MPI.DOUBLE.Create_contiguous(2).Commit()
+    b = np.arange(6.0) if R == 0 else np.zeros(6)
+    with served("Bcast", left_to_mpi4py=True):
+        comm.Bcast([b, 3, pair], root=0)
+    assert np.array_equal(b, np.arange(6.0))
+    pair.Free()
+    x = np.arange(6.0) + R
+    out, ref = np.empty(6), np.empty(6)
+    PLAIN.Allreduce(x, ref, MPI.SUM)
+    user = MPI.Op.Create(lambda a, b, t: np.add(np.frombuffer(a, np.float64), np.frombuffer(b, np.float64),
+                                                out=np.frombuffer(b, np.float64)), commute=True)
+    with served("Allreduce", left_to_mpi4py=True):
+        comm.Allreduce(x, out, user)
+    assert np.array_equal(out, ref)
+    user.Free()
+    ld = np.ones(3, np.longdouble)
+    with served("Allreduce", left_to_mpi4py=True):
+        comm.Allreduce(MPI.IN_PLACE, ld)
+    assert np.all(ld == P)
+    with served("Bcast", left_to_mpi4py=True):
+        comm.Bcast(np.zeros(0), root=0)
+
+
+@pytest.mark.parametrize("case", ["noncontiguous", "readonly", "count", "types", "root"])
+def test_bad_calls_raise_what_mpi4py_raises(comm, case):
+    x = np.ones(8)
+    calls = {
+        "noncontiguous": lambda c: c.Allreduce(x[::2], np.empty(4)),
+        "readonly": lambda c: c.Allreduce(x, np.frombuffer(bytes(64))),
+        "count": lambda c: c.Allreduce(x, np.empty(7)),
+        "types": lambda c: c.Allreduce([x, MPI.DOUBLE], [np.empty(8, np.int64), MPI.INT64_T]),
+        "root": lambda c: c.Bcast(x, root=P),
+    }
+    errors = []
+    for c in (PLAIN, comm):
+        try:
+            calls[case](c)
+            errors.append(None)
+        except Exception as e:  # noqa: BLE001  (the point: the same class and message)
+            errors.append((type(e), str(e)))
+    assert errors[0] is not None and errors[0] == errors[1], errors
+
+
+# -- the hot path ----------------------------------------------------------------------------
+
+def test_repeated_calls_stay_correct(comm, rng):
+    a, b = np.empty(16), np.empty(16)
+    other = np.empty(16)
+    for i in range(12):
+        x = make_data(rng, "float64", 16, "SUM", exact=True)
+        a[:] = x
+        ref = np.empty(16)
+        PLAIN.Allreduce(x, ref)
+        dst = b if i % 3 else other                      # two receive buffers, alternating
+        comm.Allreduce(a, dst, op=MPI.SUM)
+        assert np.array_equal(dst, ref), i
+        inplace = x.copy() if i % 4 == 0 else a
+        inplace[:] = x
+        comm.Allreduce(MPI.IN_PLACE, inplace, MPI.SUM)
+        assert np.array_equal(inplace, ref), i
+        if i == 6:
+            settings.reload()                            # every plan dropped: the hot path notices
+    mx = np.empty(16)
+    PLAIN.Allreduce(a, mx, MPI.MAX)
+    comm.Allreduce(a, b, MPI.MAX)                        # same arrays, another op
+    assert np.array_equal(b, mx)
+
+
+def test_run_installs_the_wrapper():
+    import pickle
+
+    from ringmpi import run
+    world, self_ = MPI.COMM_WORLD, MPI.COMM_SELF
+    try:
+        run.install()
+        run.install()
+        assert isinstance(MPI.COMM_WORLD, ringmpi.Comm) and MPI.COMM_WORLD == world
+        assert isinstance(MPI.COMM_SELF, ringmpi.Comm) and MPI.COMM_SELF.Get_size() == 1
+        x = np.ones(4)
+        MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, x)
+        assert np.all(x == P)
+        assert pickle.loads(pickle.dumps(MPI.COMM_WORLD)) is MPI.COMM_WORLD
+        plain = pickle.loads(pickle.dumps(MPI.Intracomm(MPI.COMM_WORLD)))
+        assert plain == world and plain is not MPI.COMM_WORLD
+        mine = pickle.loads(pickle.dumps(ringmpi.Comm(world, allreduce="ring")))
+        assert isinstance(mine, ringmpi.Comm) and mine._algorithms == {"allreduce": "ring"}
+        dup = MPI.COMM_WORLD.Dup()
+        with pytest.raises(ValueError):
+            pickle.dumps(dup)
+        dup.Free()
+    finally:
+        run.uninstall()
+    assert MPI.COMM_WORLD is world and MPI.COMM_SELF is self_
