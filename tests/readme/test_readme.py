@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,8 +32,14 @@ def shell_blocks() -> list[str]:
     return out
 
 
+#: the venv under test: the README says .venv; `make test VENV=.venv-x MPI=system` tests that one
+VENV = Path(sys.prefix).resolve()
+
+
 def fresh(tmp_path: Path, script: str, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
+    if VENV.parent == ROOT and VENV.name != ".venv":
+        script = script.replace(".venv/bin/", f"{VENV.name}/bin/")
     return subprocess.run(["bash", "-c", "set -euo pipefail\n" + script], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
