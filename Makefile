@@ -24,7 +24,7 @@ ifeq ($(MPI),system)
 	$(V)/python -m pip install -q -e '.[test]'
 	@run=$$($(V)/python -c "from ringmpi.tools.launch import launcher_beside; print(launcher_beside('$(MPICC)') or '')"); \
 	  test -n "$$run" || { echo "no mpiexec beside $(MPICC)"; exit 1; }; \
-	  printf '#!/bin/sh\nexec %s "$$@"\n' "$$run" > $(V)/mpiexec; chmod +x $(V)/mpiexec; echo "$(V)/mpiexec runs $$run"
+	  rm -f $(V)/mpiexec; printf '#!/bin/sh\nexec %s "$$@"\n' "$$run" > $(V)/mpiexec; chmod +x $(V)/mpiexec; echo "$(V)/mpiexec runs $$run"
 else ifeq ($(MPI),mpich)
 	$(V)/python -m pip install -q -e '.[test,mpich]'
 else
