@@ -223,8 +223,8 @@ class Tuner:
     def pick(self) -> dict:
         """The algorithm for the next call of the bucket, and whether to time it."""
         self.calls += 1
-        if self.winner is None:
-            name, _ = self.schedule[self.calls - 1]
+        if self.winner is None:   # the next exploration step not yet done (a call that failed is retried)
+            name, _ = self.schedule[self.explored_calls]
             return {"algorithm": name, "timed": True, "tuner": self, "why": "online tuning: exploring",
                     "collective": self.key[0]}
         self.left -= 1
@@ -258,10 +258,10 @@ class Tuner:
 
     def _explored(self, t: Any, name: str, seconds: float) -> bool:
         self.explored_s += seconds
-        self.explored_calls += 1
-        if self.schedule[self.calls - 1][1]:
+        if self.schedule[self.explored_calls][1]:
             self.times[name].append(seconds)
-        if self.calls < len(self.schedule):
+        self.explored_calls += 1
+        if self.explored_calls < len(self.schedule):
             return False
         live = [c for c in self.candidates if self.times.get(c)]
         every = t.allreduce_max([sum(sorted(self.times[c])[:self.KEEP]) / min(len(self.times[c]), self.KEEP)

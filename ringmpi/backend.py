@@ -13,7 +13,8 @@ import numpy as np
 
 from .ops import OPS
 
-__all__ = ["ArrayBackend", "NumpyBackend", "NUMPY", "backend_for", "ScratchPool"]
+__all__ = ["ArrayBackend", "NumpyBackend", "NUMPY", "Phantom", "phantom", "PhantomBackend", "PHANTOM",
+           "backend_for", "ScratchPool"]
 
 
 class ArrayBackend(Protocol):
@@ -57,6 +58,49 @@ class NumpyBackend:
 
 
 NUMPY = NumpyBackend()
+
+
+class Phantom(np.ndarray):
+    """A stand-in buffer for timing without data: an array with a size, a dtype and no
+    memory (every element is one shared element, stride 0). Slices, views and `copy()` stay
+    phantoms, so the schedules' code runs unchanged on it and every byte it would move is
+    counted from `nbytes`; the simulator copies and reduces nothing (`PhantomBackend`)."""
+
+    def copy(self, order: str = "C") -> "Phantom":  # type: ignore[override]
+        return phantom(self.size, self.dtype)
+
+
+def phantom(n: int, dtype: Any) -> Phantom:
+    """A phantom of n elements of `dtype` (one element of memory, whatever n is)."""
+    one = np.zeros(1, dtype)
+    return np.lib.stride_tricks.as_strided(one, shape=(n,), strides=(0,), writeable=True).view(Phantom)
+
+
+class PhantomBackend:
+    """The backend of data-free simulation: allocation gives phantoms, the rest does nothing."""
+
+    name = "phantom"
+
+    def empty(self, n: int, dtype: Any) -> Phantom:
+        return phantom(n, dtype)
+
+    def copy(self, src: Any, dst: Any) -> None:
+        pass
+
+    def combine(self, op: str, a: Any, b: Any, out: Any) -> None:
+        pass
+
+    def scale(self, buf: Any, divisor: int) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def to_host(self, a: Any) -> np.ndarray:
+        return np.asarray(a)
+
+
+PHANTOM = PhantomBackend()
 
 
 def backend_for(buf: Any) -> ArrayBackend:

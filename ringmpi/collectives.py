@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .backend import Phantom, phantom
 from .api import Edge, call_plan, execute, group, send_recv_plan
 from .call import Call, block_counts, offsets
 from .ops import OPS
@@ -35,9 +36,12 @@ def _fold(op: str, arrays: Sequence[np.ndarray]) -> np.ndarray:
     return acc
 
 
-def _blank(n: int, dtype: Any) -> np.ndarray:
-    """A buffer whose old contents must not matter (zeros; None for symbolic data)."""
-    return np.full(n, None, dtype=object) if np.dtype(dtype).kind == "O" else np.zeros(n, dtype)
+def _blank(n: int, like: np.ndarray) -> np.ndarray:
+    """A buffer of n elements like `like` whose old contents must not matter (zeros; None
+    for symbolic data; a phantom for data-free simulation)."""
+    if isinstance(like, Phantom):
+        return phantom(n, like.dtype)
+    return np.full(n, None, dtype=object) if like.dtype.kind == "O" else np.zeros(n, like.dtype)
 
 
 def _result(recvbuf: Any, flat: np.ndarray, shape: tuple) -> Any:
@@ -131,7 +135,7 @@ class _Allreduce(Collective):
 
     def make(self, rank, p, x, *, op=None, root=0, inplace=False):
         send = x.copy()
-        return Call(self, send, send if inplace else _blank(x.size, x.dtype), x.size, op, inplace=inplace)
+        return Call(self, send, send if inplace else _blank(x.size, x), x.size, op, inplace=inplace)
 
     def expected(self, xs, rank, op=None, root=0):
         return _fold(op, xs)
@@ -174,7 +178,7 @@ class _ReduceScatter(Collective):
         c = tuple(block_counts(x.size, p))
         off = offsets(c)
         send = x.copy()
-        recv = send[off[rank]:off[rank + 1]] if inplace else _blank(c[rank], x.dtype)
+        recv = send[off[rank]:off[rank + 1]] if inplace else _blank(c[rank], x)
         return Call(self, send, recv, x.size, op, counts=c, inplace=inplace)
 
     def expected(self, xs, rank, op=None, root=0):
@@ -234,9 +238,10 @@ class _Allgather(Collective):
 
     def make(self, rank, p, x, *, op=None, root=0, inplace=False):
         n = x.size
-        recv = _blank(n * p, x.dtype)
+        recv = _blank(n * p, x)
         if inplace:
-            recv[rank * n:(rank + 1) * n] = x
+            if not isinstance(x, Phantom):
+                recv[rank * n:(rank + 1) * n] = x
             return Call(self, recv[rank * n:(rank + 1) * n], recv, n * p, counts=(n,) * p, inplace=True)
         return Call(self, x.copy(), recv, n * p, counts=(n,) * p)
 
@@ -269,7 +274,7 @@ class _Broadcast(Collective):
         return Call(self, flat, flat, flat.size, None, root, inplace=True, params=params), buf
 
     def make(self, rank, p, x, *, op=None, root=0, inplace=True):
-        buf = x.copy() if rank == root else _blank(x.size, x.dtype)
+        buf = x.copy() if rank == root else _blank(x.size, x)
         return Call(self, buf, buf, x.size, None, root, inplace=True)
 
     def expected(self, xs, rank, op=None, root=0):
@@ -303,7 +308,7 @@ class _Reduce(Collective):
 
     def make(self, rank, p, x, *, op=None, root=0, inplace=False):
         send = x.copy()
-        recv = (send if inplace else _blank(x.size, x.dtype)) if rank == root else None
+        recv = (send if inplace else _blank(x.size, x)) if rank == root else None
         return Call(self, send, recv, x.size, op, root, inplace=inplace and rank == root)
 
     def expected(self, xs, rank, op=None, root=0):
@@ -340,7 +345,7 @@ class _Alltoall(Collective):
 
     def make(self, rank, p, x, *, op=None, root=0, inplace=False):
         send = x.copy()
-        recv = send if inplace else _blank(x.size, x.dtype)
+        recv = send if inplace else _blank(x.size, x)
         return Call(self, send, recv, x.size, counts=(x.size // p,) * p, inplace=inplace)
 
     def expected(self, xs, rank, op=None, root=0):

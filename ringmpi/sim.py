@@ -18,18 +18,19 @@ sums print as in the lecture (a1+b1+c1+d1).
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
 import numpy as np
 from greenlet import greenlet
 
-from .backend import NUMPY
+from .backend import NUMPY, PHANTOM, Phantom, phantom
 from .collectives import spec as collective_spec
 from .cost import LECTURE, Profile
 from .schedules import get
 from .transport import Counters
 
-__all__ = ["Sym", "VirtualCluster", "VirtualRank", "SimDeadlock", "symbolic", "run_collective"]
+__all__ = ["Sym", "VirtualCluster", "VirtualRank", "Network", "SimDeadlock", "symbolic", "phantoms", "run_collective"]
 
 
 class SimDeadlock(RuntimeError):
@@ -70,13 +71,57 @@ def symbolic(names: str, p: int, blocks: int) -> list[np.ndarray]:
 
 
 class _Op:
-    """One posted sendrecv/exchange: its rendezvous inputs and how many messages are pending."""
-    __slots__ = ("rank", "posted", "volume", "pending", "depth", "peers")
+    """One posted sendrecv/exchange: its rendezvous inputs and how many messages are pending.
 
-    def __init__(self, rank: int, posted: float, volume: float, pending: int, depth: int) -> None:
-        self.rank, self.posted, self.volume = rank, posted, volume
+    `latency` and `transfer` are this rank's share of the op's time (alpha, and its bytes
+    times beta, both scaled by the network's slow ranks and links); the op ends at the
+    latest posting among it and its peers plus the largest latency and transfer among them."""
+    __slots__ = ("rank", "posted", "latency", "transfer", "pending", "depth", "peers")
+
+    def __init__(self, rank: int, posted: float, latency: float, transfer: float, pending: int, depth: int) -> None:
+        self.rank, self.posted, self.latency, self.transfer = rank, posted, latency, transfer
         self.pending, self.depth = pending, depth  # depth: critical-path rounds at posting
         self.peers: list = []
+
+
+@dataclass(frozen=True)
+class Network:
+    """What makes a cluster less uniform than alpha-beta-gamma, each a factor >= 1 on the
+    time of what it touches.
+
+    slow_ranks: {rank: f}: a straggler; every message it sends or receives takes f times
+        the latency and bandwidth term (its NIC and host are f times slower), and so do its
+        reductions (gamma).
+    slow_links: {(src, dst): f}: one direction of one link f times slower (bandwidth term).
+    overhead: seconds of per-message CPU overhead (LogP's o) added for every message an
+        operation posts: an exchange of k messages costs k * overhead more.
+    """
+    slow_ranks: Mapping[int, float] = field(default_factory=dict)
+    slow_links: Mapping[tuple[int, int], float] = field(default_factory=dict)
+    overhead: float = 0.0
+
+    @property
+    def uniform(self) -> bool:
+        return not self.slow_ranks and not self.slow_links and not self.overhead
+
+    def check(self, p: int) -> None:
+        for r, f in self.slow_ranks.items():
+            if not (0 <= r < p) or not f >= 1:
+                raise ValueError(f"slow rank {r} x{f}: expected a rank below {p} and a factor >= 1")
+        for (a, b), f in self.slow_links.items():
+            if not (0 <= a < p and 0 <= b < p) or not f >= 1:
+                raise ValueError(f"slow link {a}->{b} x{f}: expected ranks below {p} and a factor >= 1")
+        if not self.overhead >= 0:
+            raise ValueError(f"per-message overhead must be >= 0, got {self.overhead}")
+
+    def rank_factor(self, r: int) -> float:
+        return self.slow_ranks.get(r, 1.0)
+
+    def link_factor(self, src: int, dst: int) -> float:
+        return self.slow_links.get((src, dst), 1.0) * max(self.slow_ranks.get(src, 1.0), self.slow_ranks.get(dst, 1.0))
+
+
+UNIFORM = Network()
 
 
 class VirtualRank:
@@ -86,33 +131,36 @@ class VirtualRank:
         self.cluster = cluster
         self.rank = rank
         self.size = cluster.size
-        self.backend = NUMPY
+        self.backend = cluster.backend
         self.counters = Counters()
         self.clock = 0.0
         self.rounds = 0   # critical-path rounds: 1 + the deepest of this op's and its peers'
         self.bytes_received = 0
         self.watch: Any = None           # buffer to snapshot before each op (symbolic tables)
         self.snapshots: list = []        # (clock, copy of watch)
+        self._gamma = cluster.profile.gamma * cluster.network.rank_factor(rank)   # seconds per byte reduced
 
     # -- data movement --------------------------------------------------------------------
     def sendrecv(self, sendbuf, dest, recvbuf, source) -> None:
-        if dest is None or sendbuf is None or source is None or recvbuf is None or self.watch is not None:
+        cl = self.cluster
+        if dest is None or sendbuf is None or source is None or recvbuf is None or self.watch is not None \
+                or not cl.fast:
             self._post([] if dest is None or sendbuf is None else [(sendbuf, dest)],
                        [] if source is None or recvbuf is None else [(recvbuf, source)])
             return
-        # the common two-sided case, inlined: the simulator's hot path
-        cl = self.cluster
-        nb = cl.nbytes
-        out, inn = nb(sendbuf), nb(recvbuf)
-        op = _Op(self.rank, self.clock, out if out > inn else inn, 2, self.rounds)
+        # the common two-sided case on a uniform network, inlined: the simulator's hot path
+        out, inn = sendbuf.nbytes, recvbuf.nbytes
+        prof = cl.profile
+        op = _Op(self.rank, self.clock, prof.alpha, (out if out > inn else inn) * prof.beta, 2, self.rounds)
         c = self.counters
         c.calls += 1
         c.messages += 1
         c.bytes_sent += out
         self.bytes_received += inn
         size, me = self.size, self.rank
-        cl._post(me * size + dest, 0, (op, sendbuf))
-        cl._post(source * size + me, 1, (op, recvbuf))
+        match = cl._match
+        match(me * size + dest, 0, op, sendbuf)
+        match(source * size + me, 1, op, recvbuf)
         if op.pending != -1:
             cl._blocked[me] = op
             cl._main.switch()
@@ -130,38 +178,47 @@ class VirtualRank:
         nb = cl.nbytes
         out = [nb(b) for b, _ in sends]
         inn = [nb(b) for b, _ in recvs]
-        op = _Op(self.rank, self.clock, max(sum(out), sum(inn)), len(out) + len(inn), self.rounds)
+        prof, net, me = cl.profile, cl.network, self.rank
+        if net.uniform:
+            latency, transfer = prof.alpha, max(sum(out), sum(inn)) * prof.beta
+        else:
+            peers = [d for _, d in sends] + [s for _, s in recvs]
+            latency = prof.alpha * max(net.rank_factor(q) for q in [me, *peers]) + net.overhead * len(peers)
+            transfer = prof.beta * max(sum(n * net.link_factor(me, d) for n, (_, d) in zip(out, sends)),
+                                       sum(n * net.link_factor(s, me) for n, (_, s) in zip(inn, recvs)))
+        op = _Op(me, self.clock, latency, transfer, len(out) + len(inn), self.rounds)
         c = self.counters
         c.messages += len(out)
         c.bytes_sent += sum(out)
         self.bytes_received += sum(inn)
-        size, me = self.size, self.rank
+        size = self.size
         for buf, dest in sends:
-            cl._post(me * size + dest, 0, (op, buf))
+            cl._match(me * size + dest, 0, op, buf)
         for buf, src in recvs:
-            cl._post(src * size + me, 1, (op, buf))
+            cl._match(src * size + me, 1, op, buf)
         if op.pending != -1:  # not already completed by the matches above
             cl._blocked[me] = op
             cl._main.switch()
 
     # -- local work ---------------------------------------------------------------------
     def empty(self, n: int, dtype: Any) -> np.ndarray:
-        return np.empty(n, dtype=dtype)
+        return self.backend.empty(n, dtype)
 
     def copy(self, src, dst) -> None:
         self.counters.bytes_copied += self.cluster.nbytes(dst)
-        np.copyto(dst, src)
+        self.backend.copy(src, dst)
 
     def combine(self, op: str, a, b, out) -> None:
         if out.dtype.kind == "O":
             if op not in ("SUM", "AVG"):
                 raise ValueError("symbolic data supports SUM only")
             out[...] = a + b
+            nbytes = out.size * self.cluster.sym_itemsize
         else:
             self.backend.combine(op, a, b, out)
-        nbytes = self.cluster.nbytes(out)
+            nbytes = out.nbytes
         self.counters.bytes_reduced += nbytes
-        self.clock += nbytes * self.cluster.profile.gamma
+        self.clock += nbytes * self._gamma
 
     def scale(self, buf, divisor: int) -> None:
         if buf.dtype.kind != "O":
@@ -179,13 +236,24 @@ class VirtualRank:
 
 
 class VirtualCluster:
-    """p virtual ranks; `run(fn)` calls fn(transport) on each and returns their results."""
+    """p virtual ranks; `run(fn)` calls fn(transport) on each and returns their results.
 
-    def __init__(self, size: int, profile: Profile = LECTURE, sym_itemsize: int = 1) -> None:
+    data=False: timing without data. The buffers are phantoms (`ringmpi.backend.phantom`):
+    the same schedule code runs and every message, byte and round is counted, the clock
+    advances, but nothing is copied or reduced, so 1024 ranks x 64 MB need no 64 GB.
+    `network` adds stragglers, slow links and per-message overhead (`Network`)."""
+
+    def __init__(self, size: int, profile: Profile = LECTURE, sym_itemsize: int = 1, *, data: bool = True,
+                 network: Network = UNIFORM) -> None:
         if size < 1:
             raise ValueError(f"a cluster needs at least one rank, got {size}")
+        network.check(size)
         self.size = size
         self.profile = profile
+        self.network = network
+        self.data = data
+        self.backend = NUMPY if data else PHANTOM
+        self.fast = network.uniform   # sendrecv's inlined path applies
         self.sym_itemsize = sym_itemsize
         self.ranks = [VirtualRank(self, r) for r in range(size)]
         self._chans: dict = {}
@@ -197,38 +265,46 @@ class VirtualCluster:
         return buf.nbytes if buf.dtype.kind != "O" else buf.size * self.sym_itemsize
 
     # -- matching: FIFO per (source, destination) channel, as MPI's non-overtaking rule ---
-    def _post(self, chan: int, side: int, msg: tuple) -> None:
-        queues = self._chans.get(chan)
-        if queues is None:
-            queues = self._chans[chan] = (deque(), deque())
-        queues[side].append(msg)
-        sq, rq = queues
-        while sq and rq:
-            (sop, sbuf), (rop, rbuf) = sq.popleft(), rq.popleft()
-            if sbuf.size != rbuf.size:
-                src, dst = divmod(chan, self.size)
-                raise SimDeadlock(f"rank {src} sent {sbuf.size} elements to rank {dst}, "
-                                  f"which posted a receive of {rbuf.size} (MPI would truncate or hang)")
+    def _match(self, chan: int, side: int, op: _Op, buf: Any) -> None:
+        """Post one message end; a channel's queue holds only sends or only receives, so the
+        new end either waits or meets the oldest end of the other side."""
+        q = self._chans.get(chan)
+        if not q or q[0][0] == side:
+            if q is None:
+                self._chans[chan] = deque(((side, op, buf),))
+            else:
+                q.append((side, op, buf))
+            return
+        _, other, obuf = q.popleft()
+        sop, sbuf, rop, rbuf = (op, buf, other, obuf) if side == 0 else (other, obuf, op, buf)
+        if sbuf.size != rbuf.size:
+            src, dst = divmod(chan, self.size)
+            raise SimDeadlock(f"rank {src} sent {sbuf.size} elements to rank {dst}, "
+                              f"which posted a receive of {rbuf.size} (MPI would truncate or hang)")
+        if self.data:
             np.copyto(rbuf, sbuf)
-            sop.peers.append(rop)
-            rop.peers.append(sop)
-            for op in (sop, rop):
-                op.pending -= 1
-                if op.pending == 0:
-                    self._complete(op)
+        sop.peers.append(rop)
+        rop.peers.append(sop)
+        sop.pending -= 1
+        if sop.pending == 0:
+            self._complete(sop)
+        rop.pending -= 1
+        if rop.pending == 0:
+            self._complete(rop)
 
     def _complete(self, op: _Op) -> None:
-        prof = self.profile
-        start, vol, depth = op.posted, op.volume, op.depth
+        start, latency, transfer, depth = op.posted, op.latency, op.transfer, op.depth
         for q in op.peers:
             if q.posted > start:
                 start = q.posted
-            if q.volume > vol:
-                vol = q.volume
+            if q.latency > latency:
+                latency = q.latency
+            if q.transfer > transfer:
+                transfer = q.transfer
             if q.depth > depth:
                 depth = q.depth
         rank = self.ranks[op.rank]
-        rank.clock = start + prof.alpha + vol * prof.beta
+        rank.clock = start + latency + transfer
         rank.rounds = depth + 1
         op.pending = -1
         if self._blocked.pop(op.rank, None) is not None:
@@ -281,16 +357,24 @@ class VirtualCluster:
                 "messages": sum(r.counters.messages for r in self.ranks), "sent": sent}
 
 
+def phantoms(p: int, count: int, dtype: Any = np.uint8) -> list[Phantom]:
+    """p phantom inputs of `count` elements (for `run_collective` without data)."""
+    return [phantom(count, dtype) for _ in range(p)]
+
+
 def run_collective(collective: str, algorithm: str, inputs: list[np.ndarray], *, op: str | None = "SUM",
                    root: int = 0, params: dict | None = None, profile: Profile = LECTURE,
-                   inplace: bool = False, watch: bool = False, sym_itemsize: int = 1):
+                   inplace: bool = False, watch: bool = False, sym_itemsize: int = 1,
+                   network: Network = UNIFORM):
     """Run one registered algorithm on a virtual cluster of len(inputs) ranks, rank r's
     input being inputs[r] (its contribution, as in `Collective.make`); returns (cluster,
-    per-rank outputs). The algorithm's tunables are `params`, else its `tune` under `profile`."""
+    per-rank outputs). The algorithm's tunables are `params`, else its `tune` under `profile`.
+    Phantom inputs (`phantoms`) run without data: timing and traffic only."""
     spec = collective_spec(collective)
     alg = get(collective, algorithm)
     p = len(inputs)
-    cl = VirtualCluster(p, profile, sym_itemsize)
+    data = not all(isinstance(x, Phantom) for x in inputs)
+    cl = VirtualCluster(p, profile, sym_itemsize, data=data, network=network)
 
     def fn(t: VirtualRank):
         call = spec.make(t.rank, p, inputs[t.rank], op=op if spec.reduces else None, root=root, inplace=inplace)

@@ -2,7 +2,7 @@
 
     ringmpi sim table [--collective allreduce] [--workers 4]      symbolic state after every round
     ringmpi sim traffic [--size 256K] [--workers 2,4,8,16,64]     bytes and rounds per algorithm
-    ringmpi sim time --size 1M --workers 8 [--alpha 5us --bandwidth 25GB/s]
+    ringmpi sim time --size 1M --workers 8 [--alpha 5us --bandwidth 25GB/s] [--straggler 1.5]
     ringmpi model predict --size 64M --workers 8                  every algorithm's time
     ringmpi model segments --size 64e6 --workers 8                best S of the pipelined broadcast
     ringmpi model crossover --workers 8                           where algorithms overtake each other
@@ -77,13 +77,13 @@ def parameter_server_traffic(workers: int, nbytes: int) -> dict:
     """Simulate one synchronous PS step: K workers push N bytes to a server, pull N back."""
     from ..schedules.naive import fan_in_reduce, fan_out
     from ..sim import VirtualCluster
-    cl = VirtualCluster(workers + 1)
+    cl = VirtualCluster(workers + 1, data=False)   # bytes and rounds only: phantom buffers
     server = workers
 
     def step(t):
-        g = np.ones(nbytes, dtype=np.uint8)
+        g = t.empty(nbytes, np.uint8)
         acc = t.empty(nbytes, np.uint8) if t.rank == server else None
-        fan_in_reduce(t, g if t.rank != server else np.zeros(nbytes, np.uint8), acc, "SUM", server)
+        fan_in_reduce(t, g, acc, "SUM", server)
         fan_out(t, acc if t.rank == server else g, server)
     cl.run(step)
     return cl.traffic()
@@ -91,13 +91,13 @@ def parameter_server_traffic(workers: int, nbytes: int) -> dict:
 
 def traffic_table(nbytes: int, workers: list[int]) -> str:
     """Section 3.3: bytes moved by the busiest device and rounds, per algorithm and p."""
-    from ..sim import run_collective
+    from ..sim import phantoms, run_collective
     lines = [f"# all-reduce of {human_bytes(nbytes)} per device; busiest device sent (and rounds)",
              f"{'p':>4} {'ring':>22} {'naive (all to 0)':>22} {'tree':>22} {'param. server':>26}"]
     for p in workers:
         cells = []
         for alg in ("ring", "naive", "tree"):
-            cl, _ = run_collective("allreduce", alg, [np.zeros(nbytes, np.uint8) for _ in range(p)])
+            cl, _ = run_collective("allreduce", alg, phantoms(p, nbytes))
             tr = cl.traffic()
             cells.append(f"{human_bytes(tr['busiest_sent'])} ({tr['rounds']})")
         ps = parameter_server_traffic(p, nbytes)
@@ -117,21 +117,68 @@ def _sim(ns) -> int:
     elif ns.what == "traffic":
         print(traffic_table(ns.size, ns.workers))
     else:
-        from ..sim import run_collective
-        prof, spec = _profile(ns), SPECS[ns.collective]
-        print(f"# {ns.collective}, {human_bytes(ns.size)}, {prof.name}: simulated vs formula")
-        for p in ns.workers:
-            count = spec.nccl_count(ns.size, 1, p)
-            params = {"segments": ns.segments} if ns.segments else {}
-            for name in schedules.names(ns.collective)[:-1]:
-                alg = schedules.get(ns.collective, name)
-                inputs = [np.zeros(spec.input_count(count, p), np.uint8) for _ in range(p)]
-                cl, _ = run_collective(ns.collective, name, inputs, profile=prof, params=params or None)
-                n = spec.size(count, 1, p)
-                f = alg.formula(p, n, 1, **{**alg.tuned(p, n, 1, prof), **params}).time(prof)
-                print(f"p={p:<4} {name:<20} sim {human_time(cl.time):>10}  formula {human_time(f):>10}  "
-                      f"busiest sent {human_bytes(cl.traffic()['busiest_sent'])}")
+        print(time_table(ns.collective, ns.size, ns.workers, _profile(ns), segments=ns.segments, data=ns.data,
+                         straggler=ns.straggler, slow_links=dict(ns.slow_link), overhead=ns.overhead))
     return 0
+
+
+def time_table(collective: str, nbytes: int, workers: list[int], prof: cm.Profile, *, segments: int = 0,
+               data: bool = False, straggler: tuple[int | None, float] | None = None,
+               slow_links: dict | None = None, overhead: float = 0.0) -> str:
+    """Every algorithm of `collective` on the virtual cluster: simulated time against its
+    formula, the busiest rank's bytes and the simulator's own wall time. Without `data` the
+    buffers are phantoms (timing only); with it, random integers whose result is checked
+    against numpy. A straggler (rank, factor: rank None = the last one), slow links and a
+    per-message overhead add a column: the time on that network and its ratio to uniform."""
+    import time as _time
+
+    from ..sim import Network, phantoms, run_collective
+    spec = SPECS[collective]
+    itemsize = 4 if data else 1
+    params = {"segments": segments} if segments else {}
+    knobs = bool(straggler and straggler[1] != 1 or slow_links or overhead)
+    lines = [f"# {collective}, {human_bytes(nbytes)}, {prof.name}: simulated vs formula"
+             f" ({'random data, checked against numpy' if data else 'no data: phantom buffers'})"]
+    for p in workers:
+        count = spec.nccl_count(nbytes, itemsize, p)
+        n_in = spec.input_count(count, p)
+        net = Network()
+        if knobs:
+            slow = {} if not straggler or straggler[1] == 1 else \
+                {(p - 1 if straggler[0] is None else straggler[0]): straggler[1]}
+            net = Network(slow_ranks=slow, slow_links=dict(slow_links or {}), overhead=overhead)
+            try:
+                net.check(p)
+            except ValueError as e:
+                args.fail("sim time", f"{e} (p={p})")
+            what = ", ".join([*(f"rank {r} x{f:g}" for r, f in net.slow_ranks.items()),
+                              *(f"link {a}->{b} x{f:g}" for (a, b), f in net.slow_links.items()),
+                              *([f"overhead {human_time(overhead)}/message"] if overhead else [])])
+            lines.append(f"# p={p}: {what}")
+        for name in schedules.names(collective)[:-1]:
+            alg = schedules.get(collective, name)
+            if data:
+                rng = np.random.default_rng(p)
+                inputs = [rng.integers(0, 10, n_in).astype(np.int32) for _ in range(p)]
+            else:
+                inputs = phantoms(p, n_in, np.uint8)
+            t0 = _time.perf_counter()
+            cl, outs = run_collective(collective, name, inputs, profile=prof, params=params or None)
+            wall = _time.perf_counter() - t0
+            n = spec.size(count, itemsize, p)
+            f = alg.formula(p, n, 1, **{**alg.tuned(p, n, 1, prof), **params}).time(prof) - prof.overhead
+            row = (f"p={p:<5} {name:<19} sim {human_time(cl.time):>10}  formula {human_time(f):>10}  "
+                   f"busiest {human_bytes(cl.traffic()['busiest_sent']):>9}")
+            if data:
+                bad = sum(not np.array_equal(o, spec.expected(inputs, r, "SUM" if spec.reduces else None))
+                          for r, o in enumerate(outs) if o is not None)
+                row += "  check " + ("ok" if bad == 0 else f"{bad} ranks WRONG")
+            if knobs:
+                slow, _ = run_collective(collective, name, phantoms(p, n_in, np.uint8), profile=prof,
+                                         params=params or None, network=net)
+                row += f"  slowed {human_time(slow.time):>10} ({slow.time / cl.time if cl.time else 1:.2f}x)"
+            lines.append(row + f"  [{wall:.1f} s]")
+    return "\n".join(lines)
 
 
 def _predict(ns, prof) -> None:
@@ -213,12 +260,44 @@ def _common(p) -> None:
                    help="pipeline segments (0: the tuned S; tables use 4)")
 
 
+def _factor(text: str) -> tuple[int | None, float]:
+    """'1.5' (the last rank) or 'R=1.5' (rank R): a straggler."""
+    rank, _, f = text.rpartition("=")
+    try:
+        out = (int(rank) if rank else None, float(f))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected FACTOR or RANK=FACTOR (e.g. 1.5 or 3=1.5), got {text!r}") from None
+    if not out[1] >= 1 or (out[0] is not None and out[0] < 0):
+        raise argparse.ArgumentTypeError(f"expected a factor >= 1 and a rank >= 0, got {text!r}")
+    return out
+
+
+def _link(text: str) -> tuple[tuple[int, int], float]:
+    """'A:B=F': the link from rank A to rank B is F times slower."""
+    try:
+        ends, f = text.split("=")
+        a, b = (int(x) for x in ends.split(":"))
+        out = ((a, b), float(f))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected SRC:DST=FACTOR (e.g. 0:1=2), got {text!r}") from None
+    if not out[1] >= 1 or a < 0 or b < 0 or a == b:
+        raise argparse.ArgumentTypeError(f"expected two different ranks and a factor >= 1, got {text!r}")
+    return out
+
+
 def add_parser(sub, name: str, text: str = "") -> None:
     fmt = argparse.ArgumentDefaultsHelpFormatter
     if name == "sim":
         s = sub.add_parser("sim", help=text, description=__doc__.split("\n\n")[0], formatter_class=fmt)
         s.add_argument("what", choices=["table", "traffic", "time"], help="which table")
         _common(s)
+        s.add_argument("--data", action="store_true",
+                       help="time: run with random data and check the results (default: phantom buffers, timing only)")
+        s.add_argument("--straggler", type=_factor, default=None, metavar="[RANK=]FACTOR",
+                       help="time: one rank FACTOR times slower (default: the last rank); adds a column")
+        s.add_argument("--slow-link", type=_link, action="append", default=[], metavar="SRC:DST=FACTOR",
+                       help="time: one link direction FACTOR times slower (repeatable)")
+        s.add_argument("--overhead", type=args.time, default=0.0, help="time: per-message CPU overhead (LogP's o)")
         s.set_defaults(func=_sim)
         return
     m = sub.add_parser("model", help=text, description=__doc__.split("\n\n")[0], formatter_class=fmt)

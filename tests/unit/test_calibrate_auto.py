@@ -272,3 +272,20 @@ def test_no_profile_makes_the_pipeline_explode():
     for alpha in (0.0, 1e-15, 5e-6):
         s = get("broadcast", "pipeline").tuned(8, 1 << 24, 4, Profile(alpha=alpha, beta=1e-10))["segments"]
         assert 1 <= s <= (1 << 26) // 1024
+
+
+def test_a_failed_exploration_call_is_retried_not_skipped():
+    """A call that raises (a bad buffer) between pick and done leaves the exploration step
+    to the next call: the schedule is walked in full, never past its end."""
+    settings.reload({})
+    t = fake_transport(Profile(alpha=5e-6, beta=1 / 5e9, gamma=1 / 10e9), size=2)
+    tuner = auto.Tuner(("allreduce", "float32", "SUM", 10, ()), ["mpi", "ring"])
+    walked = []
+    while tuner.winner is None:
+        first = tuner.pick()["algorithm"]
+        again = tuner.pick()["algorithm"]          # the first call failed: same step again
+        assert again == first
+        walked.append(first)
+        tuner.done(t, first, 1e-6 if first == "ring" else 2e-6)
+    assert walked[:6] == ["mpi", "ring"] * 3 and tuner.winner == "ring"
+    assert tuner.pick()["algorithm"] == "ring"

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from ringmpi.collectives import SPECS
-from ringmpi.cost import Profile
+from ringmpi.cost import LECTURE, Profile
 from ringmpi.model import cost
 from ringmpi.schedules import get, names
-from ringmpi.sim import SimDeadlock, Sym, VirtualCluster, run_collective, symbolic
+from ringmpi.sim import Network, SimDeadlock, Sym, VirtualCluster, phantoms, run_collective, symbolic
 from ringmpi.tools.explain import parameter_server_traffic, symbolic_table
 
 PROF = Profile(alpha=5e-6, beta=1 / 25e9, gamma=1 / 50e9)
@@ -120,3 +120,70 @@ def test_1024_virtual_ranks(algorithm):
     cl, outs = run_collective("allreduce", algorithm, [np.full(1024, r, np.int64) for r in range(1024)])
     assert np.array_equal(outs[517], np.full(1024, 1023 * 1024 // 2))
     assert cl.time == pytest.approx(cost("allreduce", algorithm, 1024, 1024, 8).time(Profile(5e-6, 1 / 25e9)))
+
+
+# -- timing without data, and the network's realism knobs ------------------------------
+
+@pytest.mark.parametrize("collective,algorithm", FORMULA_ALGOS)
+def test_phantom_buffers_time_and_count_like_real_data(collective, algorithm):
+    """The same schedule code on phantoms (no memory, nothing copied or reduced): the same
+    clock, bytes, messages and rounds as on real data."""
+    spec = SPECS[collective]
+    for p in (1, 3, 8):
+        n = 5040
+        count = n // p if spec.per_rank and not spec.reduces else n
+        real, _ = run_collective(collective, algorithm, [np.ones(count, np.float32) for _ in range(p)],
+                                 profile=PROF, params={"segments": 6})
+        ghost, _ = run_collective(collective, algorithm, phantoms(p, count, np.float32), profile=PROF,
+                                  params={"segments": 6})
+        assert not ghost.data and real.data
+        assert ghost.time == real.time and ghost.traffic() == real.traffic(), (collective, algorithm, p)
+        assert [r.counters.bytes_reduced for r in ghost.ranks] == [r.counters.bytes_reduced for r in real.ranks]
+
+
+def test_phantoms_need_no_memory():
+    """64 ranks x 64 MiB would be 4 GiB of real buffers."""
+    import tracemalloc
+    tracemalloc.start()
+    cl, _ = run_collective("allreduce", "ring", phantoms(64, 64 << 20))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 64 << 20, peak
+    assert cl.time == pytest.approx(cost("allreduce", "ring", 64, 64 << 20, 1).time(LECTURE) - LECTURE.overhead)
+    assert cl.traffic()["busiest_sent"] == 2 * 63 * (64 << 20) // 64
+
+
+def test_a_straggler_slows_the_ring_every_round_and_a_tree_only_on_its_path():
+    p, n = 16, 1 << 20
+    slow = Network(slow_ranks={p - 1: 1.5})
+    ratio = {}
+    for alg in ("ring", "tree", "naive"):
+        base, _ = run_collective("allreduce", alg, phantoms(p, n), profile=PROF)
+        hit, _ = run_collective("allreduce", alg, phantoms(p, n), profile=PROF, network=slow)
+        ratio[alg] = hit.time / base.time
+    assert ratio["ring"] == pytest.approx(1.5, rel=1e-9)  # its link is on every round's path
+    assert 1 < ratio["tree"] < 1.3                        # a leaf: two rounds of 2 lg p
+    assert 1 < ratio["naive"] < ratio["tree"]             # one message among p-1 at the root
+
+
+def test_a_slow_link_and_per_message_overhead_follow_their_formulas():
+    p, n = 8, 8 << 20
+    prof = Profile(alpha=5e-6, beta=1 / 25e9, gamma=0.0)
+    b = n / p * prof.beta
+    base, _ = run_collective("allreduce", "ring", phantoms(p, n), profile=prof)
+    assert base.time == pytest.approx(2 * (p - 1) * (prof.alpha + b))
+    link, _ = run_collective("allreduce", "ring", phantoms(p, n), profile=prof, network=Network(slow_links={(2, 3): 3.0}))
+    assert link.time == pytest.approx(2 * (p - 1) * (prof.alpha + 3 * b))   # every round waits for that link
+    o = 2e-6
+    ovh, _ = run_collective("allreduce", "ring", phantoms(p, n), profile=prof, network=Network(overhead=o))
+    assert ovh.time == pytest.approx(base.time + 2 * (p - 1) * 2 * o)       # a sendrecv posts two messages
+    ps, _ = run_collective("allreduce", "naive", phantoms(p, n), profile=prof, network=Network(overhead=o))
+    nb, _ = run_collective("allreduce", "naive", phantoms(p, n), profile=prof)
+    assert ps.time == pytest.approx(nb.time + 2 * (p - 1) * o)              # the root posts p-1 at once, twice
+
+
+def test_network_knobs_are_checked():
+    for bad in (Network(slow_ranks={9: 2.0}), Network(slow_ranks={1: 0.5}), Network(slow_links={(0, 9): 2.0}),
+                Network(overhead=-1.0)):
+        with pytest.raises(ValueError):
+            VirtualCluster(4, network=bad)
