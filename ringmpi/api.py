@@ -53,9 +53,15 @@ def group(comm: Any = None) -> Any:
     return _mpi().transport(comm)
 
 
-def algorithms(collective: str) -> list[str]:
-    """The algorithm names of `collective`; algorithm="auto" picks among them."""
-    return _alg.names(collective)
+def algorithms(collective: str, comm: Any = None) -> list[str]:
+    """The algorithm names of `collective`; algorithm="auto" picks among them. With `comm`
+    (an mpi4py intracommunicator; collective at its first use), only those that can run on
+    it: the shared-memory ones need every rank on one host, `hierarchical` several hosts."""
+    names = _alg.names(collective)
+    if comm is None:
+        return names
+    t = group(comm)
+    return [a for a in names if not _alg.get(collective, a).why_not(t)]
 
 
 def last_choice(comm: Any = None) -> dict | None:
@@ -235,6 +241,9 @@ def _resolve(e: Edge, spec: Any, algorithm: str, call: Call) -> tuple[Any, Call,
         alg = _alg.get(spec.name, name)
     except ValueError as err:
         e.fail(str(err))
+    why = alg.why_not(t)
+    if why:
+        e.fail(f"algorithm {name!r} cannot run here: {why}")
     if alg.cost is None and not t.native_serves(call.count, spec.elementwise):
         e.fail(f"algorithm 'mpi' cannot take {call.count} elements: the MPI library's {spec.name} counts are "
                f"C ints (at most {t.max_count}); use one of ringmpi's algorithms or 'auto'")

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,11 @@ def profile_of(t: Any) -> Profile:
 
 def set_profile(t: Any, prof: Profile) -> None:
     """Install `prof` on transport `t` (the same object on every rank, e.g. after a fit);
-    the choices made under the previous profile are dropped."""
+    the choices made under the previous profile are dropped. The profile learns the
+    transport's layout (ranks per node) for the formulas that have two link classes."""
+    nodes = getattr(t, "nodes", None)
+    if nodes and len(set(nodes)) > 1:
+        prof = replace(prof, per_node=max(nodes.count(h) for h in set(nodes)))
     t.profile = prof
     t.choices.clear()
     t.tuners.clear()
@@ -116,8 +120,9 @@ def predict_time(collective: str, algorithm: str, p: int, count: int, itemsize: 
 
 def _predicted_choice(t: Any, call: Call, prof: Profile, native_ok: bool) -> dict:
     collective = call.collective.name
-    preds = {a: predict_time(collective, a, t.size, call.count, call.itemsize, prof)
-             for a in _alg.names(collective) if native_ok or _alg.get(collective, a).cost is not None}
+    algs = [_alg.get(collective, a) for a in _alg.names(collective)]
+    preds = {a.name: predict_time(collective, a.name, t.size, call.count, call.itemsize, prof)
+             for a in algs if (native_ok or a.cost is not None) and not a.why_not(t)}
     best = min(preds, key=preds.get)
     if "mpi" in preds and best != "mpi" and preds[best] > MARGIN * preds["mpi"]:
         best = "mpi"
@@ -177,8 +182,8 @@ def _candidates(t: Any, call: Call, prof: Profile, native_ok: bool) -> list[str]
     """MPI's own (when it can take the count) and every algorithm whose formula predicts at
     most PRUNE x the best formula's time under `prof`: the ones worth trying online."""
     collective = call.collective.name
-    preds = {a: _alg.get(collective, a).predict(t.size, call.count, call.itemsize, prof)
-             for a in _alg.names(collective)}
+    algs = [_alg.get(collective, a) for a in _alg.names(collective)]
+    preds = {a.name: a.predict(t.size, call.count, call.itemsize, prof) for a in algs if not a.why_not(t)}
     known = [v for v in preds.values() if v is not None]
     best = min(known) if known else 0.0
     return [a for a, v in preds.items() if (v is None and native_ok) or (v is not None and v <= PRUNE * best)]

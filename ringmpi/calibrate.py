@@ -182,6 +182,23 @@ def measure_gamma(t: Any, dtype: Any = np.float32, sizes: tuple = (1 << 16, 1 <<
     return out
 
 
+def measure_copy(t: Any, nbytes: int = 64 << 20, rounds: int = 5) -> float:
+    """Bytes per second one core copies (np.copyto of `nbytes`) while every rank copies at
+    once: the host's memory bandwidth as a rank sees it during a collective, the physical
+    reference for an all-reduce over shared memory (2 ranks move about 2.5 bytes of memory
+    traffic per byte reduced where a copy moves 2). Median over rounds, the slowest rank."""
+    import time
+    src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+    np.copyto(dst, src)                       # first touch outside the timing
+    per = []
+    for _ in range(rounds):
+        t.barrier()
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        per.append(time.perf_counter() - t0)
+    return nbytes / max(t.allgather_obj(statistics.median(per)))
+
+
 def measure_p2p(t: Any, sizes: list[int], iters: int = 20, rounds: int = 3) -> list[Sample]:
     """Point-to-point rounds on group `t`: every rank sends n bytes right and receives n
     from the left (one ring round, as in every ring step), median of rounds, max over ranks."""

@@ -26,7 +26,7 @@ from .ops import OPS
 from .transport import IN_PLACE, LAST, PLANS
 
 #: the public calls (re-exported by `ringmpi`); the specs are `SPECS` and `spec(name)`
-__all__ = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "shift"]
+__all__ = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "shift", "shared_empty"]
 
 
 def _fold(op: str, arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -528,3 +528,36 @@ def shift(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, offset: int
     finally:
         t.end()
     return _result(recvbuf, recv, sendbuf.shape)
+
+
+def shared_empty(shape: int | Sequence[int], dtype: Any = np.float64, *, comm: Any = None) -> np.ndarray:
+    """An uninitialised array in this rank's shared memory, which every rank of the host
+    maps: the shared-memory algorithms (`ring_shm`, `pipeline_shm`) send it and build their
+    result in it without copying it anywhere (like NCCL's registered buffers or
+    MPI_Win_allocate_shared). Collective over `comm` (every rank calls it with its own
+    shape); every rank must be on one host. The memory lives as long as the array and the
+    communicator.
+
+    Example (mpirun -n 2):
+        >>> grads = ringmpi.shared_empty(1 << 24, np.float32)
+        >>> grads[:] = ...; ringmpi.allreduce(grads, grads, algorithm="ring_shm")   # zero-copy
+    """
+    t = group(comm)
+    e = Edge("shared_empty", t)
+    try:
+        dt = np.dtype(dtype)
+        dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        n = int(np.prod(dims, dtype=np.int64))
+    except (TypeError, ValueError) as err:
+        e.fail(f"expected a shape and a dtype, got {shape!r}, {dtype!r} ({err})")
+    if any(not isinstance(d, (int, np.integer)) or d < 0 for d in dims):
+        e.fail(f"shape must hold non-negative integers, got {shape!r}")
+    try:
+        s = t.shared()
+    except ValueError as err:
+        e.fail(str(err))
+    t.begin("shared_empty")
+    try:
+        return s.shared_empty(n, dt).reshape(dims)
+    finally:
+        t.end()

@@ -20,17 +20,27 @@ __all__ = ["Cost", "FREE", "Profile", "LECTURE", "pipeline_time", "best_segments
 
 @dataclass(frozen=True)
 class Cost:
-    """Critical-path counts: time = alphas*alpha + beta_bytes*beta + gamma_bytes*gamma."""
+    """Critical-path counts: time = alphas*alpha + beta_bytes*beta + gamma_bytes*gamma,
+    plus, for algorithms that use the links inside a node (shared memory, the node phases
+    of the hierarchical all-reduce), local_alphas*alpha_local + local_beta_bytes*beta_local."""
     alphas: float
     beta_bytes: float
     gamma_bytes: float
     rounds: int
     busiest_sent: float   # bytes sent by the busiest rank
     avg_sent: float       # bytes sent by the average rank
+    local_alphas: float = 0.0
+    local_beta_bytes: float = 0.0
 
     def time(self, prof: "Profile") -> float:
         return (prof.overhead + self.alphas * prof.alpha + self.beta_bytes * prof.beta
+                + self.local_alphas * prof.alpha_l + self.local_beta_bytes * prof.beta_l
                 + self.gamma_bytes * prof.gamma)
+
+    def local(self) -> "Cost":
+        """The same counts on the links inside a node."""
+        return Cost(0, 0, self.gamma_bytes, self.rounds, self.busiest_sent, self.avg_sent,
+                    self.local_alphas + self.alphas, self.local_beta_bytes + self.beta_bytes)
 
 
 #: A collective that does nothing (one rank, or nothing to send).
@@ -53,10 +63,24 @@ class Profile:
     measured: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
     learned: dict = field(default_factory=dict)
+    #: the links inside a node (shared memory), when they differ from alpha and beta (the
+    #: network between nodes); None: the same
+    alpha_local: float | None = None
+    beta_local: float | None = None
+    #: ranks per node (0: every rank on one node); the hierarchical all-reduce's formula
+    per_node: int = 0
 
     @property
     def bandwidth(self) -> float:
         return 1.0 / self.beta if self.beta else math.inf
+
+    @property
+    def alpha_l(self) -> float:
+        return self.alpha if self.alpha_local is None else self.alpha_local
+
+    @property
+    def beta_l(self) -> float:
+        return self.beta if self.beta_local is None else self.beta_local
 
     def save(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)

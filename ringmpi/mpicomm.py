@@ -34,7 +34,7 @@ from . import stall
 from .backend import NUMPY, ArrayBackend, ScratchPool
 from .ops import OPS, op_name
 from .settings import log, settings
-from .transport import IN_PLACE, LRU, Counters, forget_plans
+from .transport import IN_PLACE, LRU, Counters, ReceiveThenReduce, forget_plans, split_nodes
 
 __all__ = ["MPI", "MPITransport", "transport", "world_position", "abort_on_exception", "selection_default", "library_version", "mpi_standard", "mpi4py_version", "INT_MAX"]
 
@@ -66,7 +66,7 @@ def _pieces(buf: np.ndarray | None, max_count: int) -> list[np.ndarray]:
     return [buf[i:i + max_count] for i in range(0, buf.size, max_count)]
 
 
-class MPITransport:
+class MPITransport(ReceiveThenReduce):
     """Point-to-point transport and per-communicator state over one intracommunicator."""
 
     def __init__(self, user: "MPI.Intracomm", *, backend: ArrayBackend = NUMPY, max_count: int = INT_MAX) -> None:
@@ -93,7 +93,11 @@ class MPITransport:
         # come back here), made with MPI_Comm_dup itself rather than a subclass's Dup
         self.comm = MPI.Intracomm(MPI.Intracomm.Dup(user))
         self.ctl = MPI.Intracomm(MPI.Intracomm.Dup(user))
+        self._nodes: list[int] | None = None
+        self._nodes = self.nodes          # collective: every rank's host, found now, while every rank is here
         self.busy = None
+        self._shared: Any = None
+        self._split: tuple | None = None      # (local group, cross group, node transport, node comm)
         ub = self.comm.Get_attr(MPI.TAG_UB)
         self._tags = max(2, min(ub if isinstance(ub, int) else 32767, 1 << 30))
 
@@ -274,6 +278,49 @@ class MPITransport:
         self.waiting_for = None
         return got
 
+    @property
+    def nodes(self) -> list[int]:
+        """The node (shared-memory domain, MPI_COMM_TYPE_SHARED) of every rank, named by its
+        lowest rank; found collectively at first use, then kept."""
+        if self._nodes is None:
+            node = self.ctl.Split_type(MPI.COMM_TYPE_SHARED)
+            lowest = node.allreduce(self.rank, op=MPI.MIN)
+            node.Free()
+            self._nodes = self.ctl.allgather(lowest)
+        return self._nodes
+
+    def shared(self) -> Any:
+        """The shared-memory transport of this communicator (`ringmpi.shm`), made at first
+        use: collective, and only when every rank is on one host."""
+        if self._shared is None:
+            if len(set(self.nodes)) != 1:
+                raise ValueError(f"shared memory needs every rank on one host; these {self.size} ranks are on "
+                                 f"{len(set(self.nodes))}")
+            from .shm import SharedTransport
+            self._shared = SharedTransport(self)
+        return self._shared
+
+    def reserve(self, nbytes: int) -> None:
+        pass
+
+    def in_shared(self, buf: Any) -> bool:
+        return False
+
+    def split_nodes(self) -> tuple[Any, Any]:
+        """The groups of a hierarchical schedule (`ringmpi.transport.split_nodes`): the
+        ranks of this node, over shared memory when there are several, and the ranks at
+        this rank's place on every node (messages on this communicator). Collective at
+        first use, then kept."""
+        if self._split is None:
+            nodes = self.nodes
+            node_comm = self.ctl.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+            node = MPITransport(node_comm, backend=self.backend, max_count=self.max_count)
+            node._nodes = [0] * node.size
+            local = node.shared() if node.size > 1 else node
+            _, cross = split_nodes(self, nodes)
+            self._split = (local, cross, node, node_comm)
+        return self._split[0], self._split[1]
+
     def hostnames(self) -> list[str]:
         return self.ctl.allgather(MPI.Get_processor_name())
 
@@ -281,6 +328,15 @@ class MPITransport:
         """The user's communicator is being freed: free the duplicates and the scratch."""
         self.freed = True
         self.pool = ScratchPool(self.backend)
+        if self._shared is not None:
+            self._shared.release()
+            self._shared = None
+        if self._split is not None:
+            _, _, node, node_comm = self._split   # node.release() releases the local shared transport
+            node.release()
+            if not MPI.Is_finalized():
+                node_comm.Free()
+            self._split = None
         for c in (self.comm, self.ctl):
             if c != MPI.COMM_NULL and not MPI.Is_finalized():
                 c.Free()

@@ -18,7 +18,7 @@ sums print as in the lecture (a1+b1+c1+d1).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -28,7 +28,7 @@ from .backend import NUMPY, PHANTOM, Phantom, phantom
 from .collectives import spec as collective_spec
 from .cost import LECTURE, Profile
 from .schedules import get
-from .transport import Counters
+from .transport import Counters, ReceiveThenReduce, split_nodes
 
 __all__ = ["Sym", "VirtualCluster", "VirtualRank", "Network", "SimDeadlock", "symbolic", "phantoms", "run_collective"]
 
@@ -124,7 +124,7 @@ class Network:
 UNIFORM = Network()
 
 
-class VirtualRank:
+class VirtualRank(ReceiveThenReduce):
     """The transport of one virtual rank (implements `ringmpi.transport.Transport`)."""
 
     def __init__(self, cluster: "VirtualCluster", rank: int) -> None:
@@ -179,13 +179,14 @@ class VirtualRank:
         out = [nb(b) for b, _ in sends]
         inn = [nb(b) for b, _ in recvs]
         prof, net, me = cl.profile, cl.network, self.rank
-        if net.uniform:
+        if net.uniform and not cl.per_node:
             latency, transfer = prof.alpha, max(sum(out), sum(inn)) * prof.beta
         else:
+            link, rf = cl.link, net.rank_factor
             peers = [d for _, d in sends] + [s for _, s in recvs]
-            latency = prof.alpha * max(net.rank_factor(q) for q in [me, *peers]) + net.overhead * len(peers)
-            transfer = prof.beta * max(sum(n * net.link_factor(me, d) for n, (_, d) in zip(out, sends)),
-                                       sum(n * net.link_factor(s, me) for n, (_, s) in zip(inn, recvs)))
+            latency = max(link(me, q)[0] * max(rf(me), rf(q)) for q in peers) + net.overhead * len(peers)
+            transfer = max(sum(n * link(me, d)[1] * net.link_factor(me, d) for n, (_, d) in zip(out, sends)),
+                           sum(n * link(s, me)[1] * net.link_factor(s, me) for n, (_, s) in zip(inn, recvs)))
         op = _Op(me, self.clock, latency, transfer, len(out) + len(inn), self.rounds)
         c = self.counters
         c.messages += len(out)
@@ -224,6 +225,29 @@ class VirtualRank:
         if buf.dtype.kind != "O":
             self.backend.scale(buf, divisor)
 
+    @property
+    def nodes(self) -> list[int]:
+        return self.cluster.nodes
+
+    def shared(self) -> "VirtualRank":
+        """Shared memory within one virtual host: the same transport (its links are the
+        node's; see `VirtualCluster`)."""
+        if len(set(self.cluster.nodes)) != 1:
+            raise ValueError(f"shared memory needs every rank on one host; these {self.size} ranks are on "
+                             f"{len(set(self.cluster.nodes))}")
+        return self
+
+    def reserve(self, nbytes: int) -> None:
+        pass
+
+    def in_shared(self, buf) -> bool:
+        return True
+
+    def split_nodes(self) -> tuple[Any, Any]:
+        """(the ranks of my node, the ranks with my place on every node, or None when my
+        place is beyond the smallest node's size) as sub-groups."""
+        return split_nodes(self, self.cluster.nodes)
+
     def native(self, call) -> None:
         """The MPI library's own collective is opaque: the simulator runs the algorithm the
         collective's spec names as its stand-in (`Collective.simulated_native`)."""
@@ -244,16 +268,22 @@ class VirtualCluster:
     `network` adds stragglers, slow links and per-message overhead (`Network`)."""
 
     def __init__(self, size: int, profile: Profile = LECTURE, sym_itemsize: int = 1, *, data: bool = True,
-                 network: Network = UNIFORM) -> None:
+                 network: Network = UNIFORM, per_node: int = 0) -> None:
         if size < 1:
             raise ValueError(f"a cluster needs at least one rank, got {size}")
+        if per_node < 0:
+            raise ValueError(f"ranks per node must be >= 0, got {per_node}")
         network.check(size)
         self.size = size
         self.profile = profile
         self.network = network
         self.data = data
         self.backend = NUMPY if data else PHANTOM
-        self.fast = network.uniform   # sendrecv's inlined path applies
+        self.per_node = per_node
+        # the host of every rank (named by its lowest rank): nodes of per_node consecutive
+        # ranks (the last one may be smaller); 0: one node and one link class
+        self.nodes = [r - r % per_node for r in range(size)] if per_node else [0] * size
+        self.fast = network.uniform and not per_node  # sendrecv's inlined path applies
         self.sym_itemsize = sym_itemsize
         self.ranks = [VirtualRank(self, r) for r in range(size)]
         self._chans: dict = {}
@@ -263,6 +293,15 @@ class VirtualCluster:
 
     def nbytes(self, buf) -> int:
         return buf.nbytes if buf.dtype.kind != "O" else buf.size * self.sym_itemsize
+
+    def link(self, a: int, b: int) -> tuple[float, float]:
+        """(alpha, beta) of the link between ranks a and b: the node's own links (the
+        profile's alpha_local, beta_local) inside a node of a multi-node cluster, the
+        network's otherwise."""
+        prof = self.profile
+        if self.per_node and self.nodes[a] == self.nodes[b]:
+            return prof.alpha_l, prof.beta_l
+        return prof.alpha, prof.beta
 
     # -- matching: FIFO per (source, destination) channel, as MPI's non-overtaking rule ---
     def _match(self, chan: int, side: int, op: _Op, buf: Any) -> None:
@@ -365,16 +404,19 @@ def phantoms(p: int, count: int, dtype: Any = np.uint8) -> list[Phantom]:
 def run_collective(collective: str, algorithm: str, inputs: list[np.ndarray], *, op: str | None = "SUM",
                    root: int = 0, params: dict | None = None, profile: Profile = LECTURE,
                    inplace: bool = False, watch: bool = False, sym_itemsize: int = 1,
-                   network: Network = UNIFORM):
+                   network: Network = UNIFORM, per_node: int = 0):
     """Run one registered algorithm on a virtual cluster of len(inputs) ranks, rank r's
     input being inputs[r] (its contribution, as in `Collective.make`); returns (cluster,
     per-rank outputs). The algorithm's tunables are `params`, else its `tune` under `profile`.
-    Phantom inputs (`phantoms`) run without data: timing and traffic only."""
+    Phantom inputs (`phantoms`) run without data: timing and traffic only. `per_node` makes
+    a cluster of nodes of that many ranks, with the profile's local links inside a node."""
     spec = collective_spec(collective)
     alg = get(collective, algorithm)
     p = len(inputs)
     data = not all(isinstance(x, Phantom) for x in inputs)
-    cl = VirtualCluster(p, profile, sym_itemsize, data=data, network=network)
+    if per_node:
+        profile = replace(profile, per_node=per_node)
+    cl = VirtualCluster(p, profile, sym_itemsize, data=data, network=network, per_node=per_node)
 
     def fn(t: VirtualRank):
         call = spec.make(t.rank, p, inputs[t.rank], op=op if spec.reduces else None, root=root, inplace=inplace)

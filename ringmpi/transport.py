@@ -22,7 +22,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, runtime_checkable
 
-__all__ = ["Counters", "Transport", "Group", "IN_PLACE", "LRU", "PLANS", "LAST", "GENERATION", "forget_plans"]
+__all__ = ["Counters", "Transport", "Group", "IN_PLACE", "LRU", "PLANS", "LAST", "GENERATION", "forget_plans", "ReceiveThenReduce", "SubGroup", "split_nodes"]
 
 #: The fast-path plan cache (`ringmpi.api`): a validated call shape -> a callable that serves
 #: the next identical calls. Emptied (`forget_plans`) whenever what a plan assumed changes:
@@ -82,12 +82,23 @@ class Transport(Protocol):
     counters: Counters
 
     def sendrecv(self, sendbuf: Any, dest: int | None, recvbuf: Any, source: int | None) -> None: ...
+    def sendrecv_reduce(self, sendbuf: Any, dest: int, landing: Any, source: int, op: str, mine: Any,
+                        out: Any) -> None: ...
     def exchange(self, sends: Sequence[tuple[Any, int]], recvs: Sequence[tuple[Any, int]]) -> None: ...
     def empty(self, n: int, dtype: Any) -> Any: ...
     def copy(self, src: Any, dst: Any) -> None: ...
     def combine(self, op: str, a: Any, b: Any, out: Any) -> None: ...
     def scale(self, buf: Any, divisor: int) -> None: ...
     def native(self, call: Any) -> None: ...
+    # the host's shared memory (schedules/shm.py): every rank's node, the shared-memory
+    # transport of this group (one host only), scratch for a call, and whether a peer can
+    # read a buffer where it is
+    @property
+    def nodes(self) -> list[int]: ...
+    def shared(self) -> Any: ...
+    def reserve(self, nbytes: int) -> None: ...
+    def in_shared(self, buf: Any) -> bool: ...
+    def split_nodes(self) -> tuple[Any, Any]: ...
 
 
 @runtime_checkable
@@ -105,6 +116,89 @@ class Group(Transport, Protocol):
     def allreduce_max(self, values: list) -> list: ...
     def direct(self, function: str, op: str | None = None) -> tuple: ...
     def abort(self, code: int = 1) -> None: ...
+
+
+class ReceiveThenReduce:
+    """The receive-and-reduce step of transports that must land a block before reducing
+    it: sendrecv into `landing`, then out = landing op mine. (The shared-memory transport
+    reads the block in the sender's memory and reduces it there, in one pass.)"""
+
+    def sendrecv_reduce(self, sendbuf: Any, dest: int, landing: Any, source: int, op: str, mine: Any,
+                        out: Any) -> None:
+        self.sendrecv(sendbuf, dest, landing, source)  # type: ignore[attr-defined]
+        self.combine(op, landing, mine, out)           # type: ignore[attr-defined]
+
+
+class SubGroup(ReceiveThenReduce):
+    """Some ranks of a transport as a group of their own, renumbered 0..k-1 in the order of
+    `members` (parent ranks): the rings of a hierarchical schedule (the ranks of one node,
+    or the ranks with the same place on every node) run the ring code unchanged on it. Its
+    messages travel on the parent's transport, counted there."""
+
+    def __init__(self, parent: Any, members: Sequence[int]) -> None:
+        self.parent = parent
+        self.members = list(members)
+        self.rank = self.members.index(parent.rank)
+        self.size = len(self.members)
+        self.backend = parent.backend
+
+    @property
+    def counters(self) -> Counters:
+        return self.parent.counters
+
+    def _to(self, q: int | None) -> int | None:
+        return None if q is None else self.members[q]
+
+    def sendrecv(self, sendbuf: Any, dest: int | None, recvbuf: Any, source: int | None) -> None:
+        self.parent.sendrecv(sendbuf, self._to(dest), recvbuf, self._to(source))
+
+    def exchange(self, sends: Sequence[tuple[Any, int]], recvs: Sequence[tuple[Any, int]]) -> None:
+        self.parent.exchange([(b, self.members[d]) for b, d in sends], [(b, self.members[s]) for b, s in recvs])
+
+    def empty(self, n: int, dtype: Any) -> Any:
+        return self.parent.empty(n, dtype)
+
+    def copy(self, src: Any, dst: Any) -> None:
+        self.parent.copy(src, dst)
+
+    def combine(self, op: str, a: Any, b: Any, out: Any) -> None:
+        self.parent.combine(op, a, b, out)
+
+    def scale(self, buf: Any, divisor: int) -> None:
+        self.parent.scale(buf, divisor)
+
+    def native(self, call: Any) -> None:
+        raise NotImplementedError("a sub-group has no MPI library collective of its own")
+
+    @property
+    def nodes(self) -> list[int]:
+        every = self.parent.nodes
+        return [every[m] for m in self.members]
+
+    def shared(self) -> Any:
+        if len(set(self.nodes)) != 1:
+            raise ValueError("shared memory needs every rank on one host")
+        return self
+
+    def reserve(self, nbytes: int) -> None:
+        self.parent.reserve(nbytes)
+
+    def in_shared(self, buf: Any) -> bool:
+        return self.parent.in_shared(buf)
+
+
+def split_nodes(t: Any, nodes: Sequence[int]) -> tuple[SubGroup, SubGroup | None]:
+    """The two groups of a hierarchical schedule for rank t.rank, given every rank's node:
+    the ranks of its node, and the ranks at its place (index within their node) on every
+    node, or None when its node is larger than the smallest one and that place has no
+    counterpart everywhere."""
+    hosts = list(dict.fromkeys(nodes))
+    members = {h: [r for r, n in enumerate(nodes) if n == h] for h in hosts}
+    mine = members[nodes[t.rank]]
+    place = mine.index(t.rank)
+    smallest = min(len(m) for m in members.values())
+    cross = SubGroup(t, [members[h][place] for h in hosts]) if place < smallest else None
+    return SubGroup(t, mine), cross
 
 
 class LRU(OrderedDict):

@@ -33,6 +33,12 @@ class Algorithm:
     body: Callable[[Transport, Call], None]
     cost: Callable[..., Cost] | None = None  # None: measured only (the MPI library's own)
     tune: Callable[[int, int, int, Profile], dict] | None = None
+    #: why this algorithm cannot run on transport t (None: it can); e.g. shared memory needs
+    #: every rank on one host. `auto` leaves such algorithms out; asking for one is an error.
+    unavailable: Callable[[Transport], str | None] | None = None
+
+    def why_not(self, t: Transport) -> str | None:
+        return None if self.unavailable is None or t.size == 1 else self.unavailable(t)
 
     def run(self, t: Transport, call: Call) -> None:
         """Run the body; on one rank every collective is a local copy (or nothing). AVG is
@@ -67,10 +73,11 @@ _LOADED: list[bool] = []
 
 
 def register(collective: str, name: str, cost: Callable[..., Cost] | None = None,
-             tune: Callable[[int, int, int, Profile], dict] | None = None):
+             tune: Callable[[int, int, int, Profile], dict] | None = None,
+             unavailable: Callable[[Transport], str | None] | None = None):
     """Decorator: register `body(t, call)` as algorithm `name` of `collective`."""
     def deco(fn: Callable[[Transport, Call], None]) -> Callable[[Transport, Call], None]:
-        _REGISTRY[(collective, name)] = Algorithm(collective, name, fn, cost, tune)
+        _REGISTRY[(collective, name)] = Algorithm(collective, name, fn, cost, tune, unavailable)
         return fn
     return deco
 

@@ -46,10 +46,10 @@ def reduce_scatter_phase(t, src, off, op, out_for, shift: int = 0) -> int:
     for i in range(p - 1):
         s, c = (r - i + shift) % p, (r - i - 1 + shift) % p
         send = src[off[s]:off[s + 1]] if i == 0 else prev
-        got = tmp[:off[c + 1] - off[c]]
-        t.sendrecv(send, right, got, left)
         prev = out_for(i, c)
-        t.combine(op, got, src[off[c]:off[c + 1]], prev)
+        # receive block c from the left and reduce it with ours into prev (over shared
+        # memory: read in the neighbour's memory and reduced there, in one pass)
+        t.sendrecv_reduce(send, right, tmp[:off[c + 1] - off[c]], left, op, src[off[c]:off[c + 1]], prev)
     return (r + 1 + shift) % p
 
 

@@ -44,7 +44,7 @@ from .. import schedules
 from .. import collectives as _collectives
 from ..api import group, mpi_reference
 from ..auto import DEFAULT, profile_of, profile_path, set_profile
-from ..calibrate import Sample, fit_measured, fit_quality, measure_gamma, measure_p2p, unphysical
+from ..calibrate import Sample, fit_measured, fit_quality, measure_copy, measure_gamma, measure_p2p, unphysical
 from ..collectives import SPECS, Collective
 from ..ops import OPS, SUPPORTED_DTYPES, check_op_dtype
 from ..units import SIZE_HELP, size_label
@@ -270,16 +270,17 @@ class Options:
         ]
         return next((msg for ok, msg in checks if not ok), None)
 
-    def plan(self, dtype: np.dtype, op: str) -> list[tuple[Collective, list[str]]]:
-        """(collective, algorithms) to run; MPI's own is always among them."""
+    def plan(self, dtype: np.dtype, op: str, t: Any = None) -> list[tuple[Collective, list[str]]]:
+        """(collective, algorithms) to run (those that can run on transport `t`); MPI's own
+        is always among them."""
         colls = list(SPECS) if self.collectives == "all" else [c.strip() for c in self.collectives.split(",")]
         plan = []
         for coll in colls:
             spec = SPECS[coll]
             if spec.reduces and dtype.kind == "b" and op not in ("LAND", "LOR", "LXOR"):
                 continue
-            plan.append((spec, [a for a in schedules.names(coll) if self.algorithms == "all" or a == "mpi"
-                                or a in self.algorithms.split(",")]))
+            plan.append((spec, [a for a in schedules.names(coll) if (self.algorithms == "all" or a == "mpi"
+                                or a in self.algorithms.split(",")) and not (t and schedules.get(coll, a).why_not(t))]))
         return plan
 
 
@@ -296,6 +297,8 @@ def _print_banner(info: dict, o: Options, pairs, root, sizes) -> None:
     step = f"+{o.stepbytes}" if o.stepbytes else f"x{o.stepfactor:g}"
     print(f"# dtype {kinds}, op {ops}, root {root}, sizes {sizes[0]}..{sizes[-1]} B {step}, "
           f"{o.rounds} interleaved rounds per size, median kept")
+    print(f"# memory copy: {info['copy_GBps']:.3g} GB/s per rank ({size_label(info['copy_bytes'])}B, every rank "
+          "copying at once): the bound for collectives within one host")
 
 
 def _p2p_sizes(sizes: list[int]) -> list[int]:
@@ -433,6 +436,13 @@ def _finish(o: Options, info, rows, auto_rows, prof, p, overhead) -> None:
     for coll, bands in best_bands(rows).items():
         print(f"# fastest by size band, {coll}: "
               + "; ".join(f"{lo if lo == hi else lo + '-' + hi}: {alg}" for lo, hi, alg in bands))
+    top = max((r["size"] for r in rows), default=0)
+    at_top = {r["algorithm"]: r["busbw"] for r in rows if r["size"] == top and r["placement"] == "out"
+              and r["collective"] == rows[0]["collective"]}
+    if top >= info["copy_bytes"] // 2 and at_top and info.get("copy_GBps"):
+        print(f"# {rows[0]['collective']} bus bandwidth at {size_label(top)}B / memory copy "
+              f"({info['copy_GBps']:.3g} GB/s): " + ", ".join(f"{a} {bw / info['copy_GBps']:.2f}"
+                                                          for a, bw in sorted(at_top.items(), key=lambda kv: -kv[1])))
     wrong = sum(r["wrong"] for r in rows)
     nonzero = [r["busbw"] for r in rows if r["size"]]
     print(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
@@ -472,19 +482,21 @@ def run(o: Options, comm: Any = None) -> int:
             print(f"ringmpi bench: error: -r {o.root}: the root must be a rank below {p}", file=sys.stderr)
         return 2
     pairs, sizes, info, root = o.pairs(), o.sizes(), banner(t), o.root
+    info["copy_bytes"] = min(64 << 20, max(sizes[-1], 1 << 20))
+    info["copy_GBps"] = measure_copy(t, info["copy_bytes"]) / 1e9
     dtype, op = pairs[0]
     if lead:
         _print_banner(info, o, pairs, root, sizes)
-    prog = _progress(sum(len(o.plan(d, x)) for d, x in pairs) * len(sizes), lead and o.progress)
+    prog = _progress(sum(len(o.plan(d, x, t)) for d, x in pairs) * len(sizes), lead and o.progress)
     rows, samples = [], []
     try:
         with np.errstate(over="ignore", invalid="ignore"):  # repeated in-place sums overflow
             for d, x in pairs:  # -d all / -o all: every valid pair, as nccl-tests
-                r, smp = _sweep(t, o, o.plan(d, x), sizes, d, x, root, prog)
+                r, smp = _sweep(t, o, o.plan(d, x, t), sizes, d, x, root, prog)
                 rows, samples = rows + r, samples + smp
             prof = _fit(t, samples, sizes, dtype, info)
             set_profile(t, DEFAULT if o.fresh else prof)  # --fresh: auto learns online, from nothing
-            auto_rows = _time_auto(t, o, o.plan(dtype, op), sizes, dtype, op, root, rows)
+            auto_rows = _time_auto(t, o, o.plan(dtype, op, t), sizes, dtype, op, root, rows)
             overhead = _api_overhead(t, o)
     finally:
         if prog:

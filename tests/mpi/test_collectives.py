@@ -52,7 +52,7 @@ def sl(a, blk):
 
 
 def algos(collective):
-    return ringmpi.algorithms(collective)
+    return ringmpi.algorithms(collective, COMM)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

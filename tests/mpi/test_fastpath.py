@@ -52,7 +52,7 @@ def test_repeated_calls_match_mpi(collective, rng):
     """Five calls per (algorithm, placement) with fresh data: the first builds the plan,
     the others use it."""
     n = 6 * P
-    for alg in ringmpi.algorithms(collective) + ["auto"]:
+    for alg in ringmpi.algorithms(collective, COMM) + ["auto"]:
         for place in ("new", "given", "inplace"):
             if collective in ("broadcast",) and place != "inplace":
                 continue

@@ -27,7 +27,7 @@ def data(seed: int, n: int, dtype: str) -> np.ndarray:
        root=st.integers(0, 63), seed=st.integers(0, 2**31), segments=st.integers(1, 9),
        algorithm_index=st.integers(0, 10))
 def test_any_collective_matches_mpi(collective, n, dtype, root, seed, segments, algorithm_index):
-    algs = ringmpi.algorithms(collective)
+    algs = ringmpi.algorithms(collective, COMM)
     alg = algs[algorithm_index % len(algs)]
     root %= P
     x = data(seed, n, dtype)

@@ -151,7 +151,7 @@ def test_nan_propagates_in_every_algorithm(dtype, op, env):
 
 
 def algos_with_auto(collective):
-    return ringmpi.algorithms(collective) + ["auto"]
+    return ringmpi.algorithms(collective, COMM) + ["auto"]
 
 
 def test_readonly_recvbuf():

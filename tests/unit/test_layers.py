@@ -24,7 +24,7 @@ LAYERS = [
     ("choice", {"auto"}),
     ("call pipeline", {"api"}),
     ("collectives", {"collectives"}),
-    ("transports", {"mpicomm", "sim"}),
+    ("transports", {"mpicomm", "sim", "shm"}),
     ("mpi4py drop-in", {"comm", "run"}),
     ("trainer", {"dp", "dp.*"}),
     ("package and tools", {"__init__", "__main__", "launch", "tools", "tools.*"}),

@@ -1,0 +1,70 @@
+"""Hierarchical all-reduce: reduce inside each node, all-reduce across the nodes on 1/k of
+the data, gather inside each node (Horovod's hierarchical all-reduce, ChainerMN's
+two-dimensional communicator, NCCL's split of intra- and inter-node rings).
+
+N nodes of k ranks, n bytes, the ranks of a node numbered 0..k-1 by their place:
+
+    1. node ring reduce-scatter: place j ends with slice j of the node's sum
+           (k-1) alpha_l + (k-1)/k n beta_l + (k-1)/k n gamma
+    2. k cross-node rings at once, ring j joining place j of every node: ring all-reduce
+       of slice j                2(N-1) alpha + 2(N-1)/N n/k beta + (N-1)/N n/k gamma
+    3. node ring all-gather of the slices
+           (k-1) alpha_l + (k-1)/k n beta_l
+
+alpha_l, beta_l are the node's own links (shared memory), alpha, beta the network's. Each
+host puts 2(N-1)/N n bytes on its link each way (k rings of n/k), where a flat ring over
+all p = Nk ranks puts 2(p-1)/p n through the one ring edge that leaves the host, one rank
+wide: with 2 nodes of 2, 1.5n against n. Nodes of different sizes: the slices follow the
+smallest node (k = its rank count); the other places own an empty slice and sit out the
+cross-node rings. Every rank ends with the same bits (each slice is reduced once, then
+copied). Inside a node, the rings run on shared memory when the transport has it.
+"""
+from __future__ import annotations
+
+from ..cost import Cost
+from . import block_counts, cdiv, offsets, register
+from . import ring as _ring
+
+
+def _cost(p, count, itemsize, per_node=0, **_):
+    k = per_node if 0 < per_node < p else p
+    nodes = cdiv(p, k)
+    bl = cdiv(count, k) * itemsize                 # a node ring's block: one slice
+    bx = cdiv(cdiv(count, k), nodes) * itemsize    # a cross ring's block
+    local, cross = 2 * (k - 1), 2 * (nodes - 1)
+    sent = local * bl + cross * bx
+    return Cost(alphas=cross, beta_bytes=cross * bx, gamma_bytes=(k - 1) * bl + (nodes - 1) * bx,
+                rounds=local + cross, busiest_sent=sent, avg_sent=sent,
+                local_alphas=local, local_beta_bytes=local * bl)
+
+
+def _tune(p, count, itemsize, prof) -> dict:
+    return {"per_node": prof.per_node}
+
+
+def _several_hosts(t) -> str | None:
+    return None if len(set(t.nodes)) > 1 else "needs ranks on more than one host (on one, ring_shm is the same)"
+
+
+@register("allreduce", "hierarchical", _cost, _tune, unavailable=_several_hosts)
+def allreduce(t, call):
+    local, cross = t.split_nodes()
+    nodes = t.nodes
+    smallest = min(nodes.count(h) for h in set(nodes))
+    counts = block_counts(call.count, smallest) + [0] * (local.size - smallest)
+    off = offsets(counts)
+    j = local.rank
+    node = local.shared() if len(set(local.nodes)) == 1 else local
+    node.reserve(3 * max(counts) * call.itemsize + 512)
+    recv = call.recv
+    # 1. my slice of the node's sum, straight into its place in the result
+    mine = recv[off[j]:off[j + 1]]
+    if node.size == 1:
+        node.copy(call.send, mine)
+    else:
+        _ring.reduce_scatter(node, call._replace(recv=mine, counts=tuple(counts), inplace=False))
+    # 2. the slice across the nodes, in place
+    if cross is not None and cross.size > 1 and counts[j]:
+        _ring.allreduce(cross, call._replace(send=mine, recv=mine, count=counts[j], inplace=True))
+    # 3. every slice to every rank of the node
+    _ring.allgather_phase(node, recv, off, j)

@@ -1,0 +1,288 @@
+"""A shared-memory transport for the ranks of one host.
+
+Every rank owns POSIX shared-memory segments that every other rank of the host maps: a
+scratch arena (grown, never shrunk below what the recent calls used, re-made collectively)
+and the arrays users allocate with `ringmpi.shared_empty`. A "message" is not copied into a
+queue: the sender publishes where the block lies in its own segment (a segment index, an
+offset and a length in a control row of its segment, then a counter), the receiver reads it
+straight from the sender's memory into its buffer, or reduces it straight into its output
+(`sendrecv_reduce`: out = received op mine, one pass, no intermediate copy), and
+acknowledges; the sender returns once its block has been read, so the schedule may reuse it
+at once, as after MPI_Sendrecv. Synchronisation is by these counters (flags), spinning and
+then yielding the core: no message matching, no lock.
+
+A block to send that does not lie in a shared segment (a user's numpy array) is first copied
+into the arena: a buffer from `shared_empty` costs no copy at all.
+
+The schedules run on it unchanged (`ringmpi.schedules.shm`: ring all-reduce, reduce-scatter,
+all-gather and the pipelined broadcast with their work buffers in the arena). Every rank
+reduces the same blocks in the same order as over MPI: the same bits.
+
+Segments are unlinked as soon as every rank has mapped them, so a killed job leaves nothing
+in /dev/shm; they are unmapped when the communicator is freed.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from .backend import NUMPY
+from .transport import Counters
+
+__all__ = ["SharedTransport", "Segment"]
+
+ALIGN = 64                 # cache line: blocks of different ranks never share one
+SPINS = 200                # polls before yielding the core
+#: control words per peer: messages published to it, and the last one's segment, offset,
+#: length; messages read from it (the acknowledgement)
+SENT, SEG, OFF, LEN, ACKED = range(5)
+WORDS = 5
+
+
+class Segment:
+    """One POSIX shared-memory segment: created (and later unlinked) by its owner, mapped by
+    every rank of the host."""
+
+    def __init__(self, name: str, size: int, create: bool) -> None:
+        self.name, self.size = name, size
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        try:
+            import _posixshmem  # CPython's shm_open, without multiprocessing's resource tracker process
+            fd = _posixshmem.shm_open("/" + name, flags, 0o600)
+            self._unlink = lambda: _posixshmem.shm_unlink("/" + name)
+        except ImportError:  # pragma: no cover (a platform without POSIX shared memory)
+            path = os.path.join("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp", name)
+            fd = os.open(path, flags, 0o600)
+            self._unlink = lambda: os.unlink(path)
+        try:
+            if create:
+                os.ftruncate(fd, size)
+            self.map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.array = np.frombuffer(self.map, dtype=np.uint8)
+        self.base = self.array.ctypes.data
+
+    def unlink(self) -> None:
+        try:
+            self._unlink()
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> None:
+        self.array = None  # type: ignore[assignment]
+        try:
+            self.map.close()
+        except BufferError:  # a view still alive (a user's shared array): the mapping goes with it
+            pass
+
+
+class SharedTransport:
+    """The transport of the ranks of one host over shared memory (see the module doc).
+
+    `group` is the MPI transport of the same ranks: it carries the collective set-up (segment
+    names), the call bracket (sequence number, stall watch) and anything this transport does
+    not do itself (`native`)."""
+
+    def __init__(self, group: Any, arena: int = 1 << 20) -> None:
+        self.group = group
+        self.rank, self.size = group.rank, group.size
+        self.backend = NUMPY
+        self.counters = Counters()
+        self.tag = secrets.token_hex(4)
+        self.segments: list[Segment] = []          # mine: 0 is control + arena, then user arrays
+        self.peers: list[list[Segment]] = [[] for _ in range(self.size)]
+        self._ctl_bytes = _round(WORDS * self.size * 8)
+        self.sent = [0] * self.size
+        self.read = [0] * self.size
+        self._cursor = 0
+        self._arena = 0
+        self._grow(arena)
+
+    # -- segments ----------------------------------------------------------------------
+    def _share(self, size: int) -> Segment:
+        """Collective: every rank creates a segment of `size` bytes and maps everyone's."""
+        name = f"ringmpi-{os.getpid()}-{self.tag}-{len(self.segments)}-{secrets.token_hex(3)}"
+        mine = Segment(name, size, create=True)
+        names = self.group.allgather_obj((name, size))
+        for q, (n, s) in enumerate(names):
+            self.peers[q].append(mine if q == self.rank else Segment(n, s, create=False))
+        self.group.barrier()          # everyone has mapped every segment: the names can go
+        mine.unlink()
+        self.segments.append(mine)
+        return mine
+
+    def _grow(self, arena: int) -> None:
+        """Collective (every rank asks for the same size at the same call): a new control +
+        arena segment of at least `arena` bytes becomes segment 0 on every rank."""
+        self.group.barrier()          # no message in flight on the old one
+        self._share(self._ctl_bytes + _round(arena))
+        first = len(self.segments) == 1
+        for q, lst in enumerate([self.segments, *self.peers]):
+            new = lst.pop()
+            if first:
+                lst.insert(0, new)
+                continue
+            old, lst[0] = lst[0], new
+            if q == 0 or q - 1 != self.rank:   # my own old segment is in both lists: closed once
+                old.close()
+        self._arena = self.segments[0].size - self._ctl_bytes
+        self.ctl = [np.frombuffer(self.peers[q][0].map, np.int64, WORDS * self.size).reshape(self.size, WORDS)
+                    for q in range(self.size)]
+        self.sent = [0] * self.size
+        self.read = [0] * self.size
+
+    def reserve(self, nbytes: int) -> None:
+        """Collective, at the start of a call: scratch for `nbytes` (re-made when too small)."""
+        self._cursor = 0
+        if nbytes > self._arena:
+            self._grow(max(nbytes, 2 * self._arena))
+
+    def shared_empty(self, n: int, dtype: Any) -> np.ndarray:
+        """Collective: an array of n elements in a new shared segment of this rank, which
+        every rank maps (a buffer a call can send without copying it into the arena)."""
+        dt = np.dtype(dtype)
+        seg = self._share(max(_round(n * dt.itemsize), ALIGN))
+        return np.frombuffer(seg.map, dtype=dt, count=n)
+
+    def _locate(self, buf: np.ndarray) -> tuple[int, int] | None:
+        """(segment index, offset) of a contiguous buffer in one of my segments, or None."""
+        if not buf.flags.c_contiguous:
+            return None
+        addr = buf.ctypes.data
+        for i, seg in enumerate(self.segments):
+            if seg.base <= addr and addr + buf.nbytes <= seg.base + seg.size:
+                return i, addr - seg.base
+        return None
+
+    def in_shared(self, buf: Any) -> bool:
+        return self._locate(buf) is not None
+
+    @property
+    def nodes(self) -> list[int]:
+        return [0] * self.size
+
+    def shared(self) -> "SharedTransport":
+        return self
+
+    def empty(self, n: int, dtype: Any) -> np.ndarray:
+        """Scratch in the arena (this call's), so that it can be sent without a copy; a
+        plain array once the arena is full."""
+        dt = np.dtype(dtype)
+        need = _round(max(n * dt.itemsize, 1))
+        if self._cursor + need > self._arena:
+            return np.empty(n, dt)
+        start = self._ctl_bytes + self._cursor
+        self._cursor += need
+        return self.segments[0].array[start:start + n * dt.itemsize].view(dt)
+
+    # -- data movement ------------------------------------------------------------------
+    def _publish(self, buf: np.ndarray, dest: int) -> None:
+        where = self._locate(buf)
+        if where is None:                       # not in shared memory: into the arena first
+            staged = self.empty(buf.size, buf.dtype)
+            where = self._locate(staged)
+            if where is None:
+                raise MemoryError(f"shared arena of {self._arena} bytes is full (needs {buf.nbytes} more)")
+            self.copy(buf, staged)
+        row = self.ctl[self.rank][dest]
+        row[SEG], row[OFF], row[LEN] = where[0], where[1], buf.nbytes
+        self.sent[dest] += 1
+        row[SENT] = self.sent[dest]             # the flag last: the receiver reads the row after it
+        self.counters.messages += 1
+        self.counters.bytes_sent += buf.nbytes
+
+    def _incoming(self, source: int, like: np.ndarray) -> np.ndarray:
+        """Wait for the next block from `source`; a view of it in the sender's memory."""
+        row = self.ctl[source][self.rank]
+        _wait(row, SENT, self.read[source] + 1)
+        seg, off, nbytes = int(row[SEG]), int(row[OFF]), int(row[LEN])
+        if nbytes != like.nbytes:
+            raise RuntimeError(f"rank {source} sent {nbytes} bytes to rank {self.rank}, which expected "
+                               f"{like.nbytes} (MPI would truncate or hang)")
+        return self.peers[source][seg].array[off:off + nbytes].view(like.dtype)
+
+    def _done_reading(self, source: int) -> None:
+        self.read[source] += 1
+        self.ctl[self.rank][source][ACKED] = self.read[source]
+
+    def _delivered(self, dest: int) -> None:
+        """Wait until `dest` has read what was published to it (the block may change after)."""
+        _wait(self.ctl[dest][self.rank], ACKED, self.sent[dest])
+
+    def sendrecv(self, sendbuf: Any, dest: int | None, recvbuf: Any, source: int | None) -> None:
+        self.counters.calls += 1
+        if dest is not None and sendbuf is not None:
+            self._publish(sendbuf, dest)
+        if source is not None and recvbuf is not None:
+            np.copyto(recvbuf, self._incoming(source, recvbuf))
+            self._done_reading(source)
+        if dest is not None and sendbuf is not None:
+            self._delivered(dest)
+
+    def sendrecv_reduce(self, sendbuf: Any, dest: int, landing: Any, source: int, op: str, mine: Any,
+                        out: Any) -> None:
+        """Send `sendbuf` to dest; out = (the block from source) op mine, read straight from
+        the source's memory: one pass, no received copy (`landing` is not needed)."""
+        self.counters.calls += 1
+        self._publish(sendbuf, dest)
+        self.combine(op, self._incoming(source, out), mine, out)
+        self._done_reading(source)
+        self._delivered(dest)
+
+    def exchange(self, sends: Sequence[tuple[Any, int]], recvs: Sequence[tuple[Any, int]]) -> None:
+        self.counters.calls += 1
+        dests = [d for _, d in sends]
+        if len(set(dests)) != len(dests):
+            raise ValueError("shared-memory exchange: one message per destination at a time")
+        for buf, dest in sends:
+            self._publish(buf, dest)
+        for buf, source in recvs:
+            np.copyto(buf, self._incoming(source, buf))
+            self._done_reading(source)
+        for dest in dests:
+            self._delivered(dest)
+
+    # -- local work: the numpy backend ---------------------------------------------------
+    def copy(self, src: Any, dst: Any) -> None:
+        self.counters.bytes_copied += dst.nbytes
+        np.copyto(dst, src)
+
+    def combine(self, op: str, a: Any, b: Any, out: Any) -> None:
+        self.counters.bytes_reduced += out.nbytes
+        self.backend.combine(op, a, b, out)
+
+    def scale(self, buf: Any, divisor: int) -> None:
+        self.backend.scale(buf, divisor)
+
+    def native(self, call: Any) -> None:
+        self.group.native(call)
+
+    def release(self) -> None:
+        for segs in self.peers:   # my own segments are among them
+            for seg in segs:
+                seg.close()
+        self.peers = [[] for _ in range(self.size)]
+        self.segments = []
+
+
+_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
+
+
+def _round(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def _wait(row: np.ndarray, word: int, target: int) -> None:
+    """Spin until row[word] >= target, then yield the core between polls (more ranks than
+    cores is the laptop case: a spinning rank would starve the one it waits for)."""
+    spins = 0
+    while row[word] < target:
+        spins += 1
+        if spins > SPINS:
+            _yield() if spins < 100 * SPINS else time.sleep(50e-6)

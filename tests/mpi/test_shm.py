@@ -1,0 +1,108 @@
+"""The shared-memory transport (ringmpi.shm) and its algorithms (ring_shm, pipeline_shm):
+the same bits as the ring over MPI and MPI's own result on random per-rank data, the send
+buffer never written, zero copies with shared arrays, the arena grown across calls, nothing
+left in /dev/shm, a freed communicator releasing its segments."""
+from __future__ import annotations
+
+import glob
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import ringmpi
+from ringmpi.api import group
+from tests.helpers import make_data
+
+COMM = MPI.COMM_WORLD
+P, R = COMM.size, COMM.rank
+pytestmark = pytest.mark.skipif(P == 1, reason="one rank has no peers")
+
+
+@pytest.mark.parametrize("n", [0, 1, P - 1, 1000, 65537, 1 << 20])
+@pytest.mark.parametrize("dtype,op", [("float32", "SUM"), ("float64", "PROD"), ("int32", "MAX"), ("complex64", "SUM")])
+def test_allreduce_over_shared_memory_is_the_ring_bit_for_bit(rng, n, dtype, op):
+    x = make_data(rng, dtype, n, op)
+    keep = x.copy()
+    ring = ringmpi.allreduce(x, algorithm="ring", op=op)
+    shm = ringmpi.allreduce(x, algorithm="ring_shm", op=op)
+    assert np.array_equal(x, keep)
+    assert shm.tobytes() == ring.tobytes()
+    ref = np.empty_like(x)
+    COMM.Allreduce(x, ref, op=getattr(MPI, op))
+    assert np.allclose(shm, ref, rtol=1e-5, atol=1e-5)   # another summation order
+    y = x.copy()
+    ringmpi.allreduce(y, y, algorithm="ring_shm", op=op)          # in place
+    assert y.tobytes() == ring.tobytes()
+
+
+def test_reduce_scatter_allgather_broadcast_over_shared_memory(rng):
+    counts = [(q * 7) % 5 + 1 for q in range(P)]
+    x = make_data(rng, "float64", sum(counts), "SUM", exact=True)
+    total = np.empty_like(x)
+    COMM.Allreduce(x, total)
+    mine = total[sum(counts[:R]):sum(counts[:R + 1])]
+    assert np.array_equal(ringmpi.reduce_scatter(x, algorithm="ring_shm", counts=counts), mine)
+    even = make_data(rng, "float32", 12 * P, "SUM", exact=True)
+    ref = np.empty_like(even)
+    COMM.Allreduce(even, ref)
+    buf = even.copy()
+    got = ringmpi.reduce_scatter(buf, buf, algorithm="ring_shm")   # in place: block r of the buffer
+    assert np.array_equal(got, np.split(ref, P)[R])
+    part = make_data(rng, "int64", 3 + R, "SUM")
+    every = COMM.allgather(part)
+    assert np.array_equal(ringmpi.allgather(part, algorithm="ring_shm", counts=[3 + q for q in range(P)]),
+                          np.concatenate(every))
+    inplace = np.zeros(4 * P, np.int64)
+    inplace[4 * R:4 * R + 4] = R + 1
+    ringmpi.allgather(inplace[4 * R:4 * R + 4].copy(), inplace, algorithm="ring_shm")
+    assert np.array_equal(inplace, np.repeat(np.arange(1, P + 1), 4))
+    for root in range(P):
+        for segments in (1, 3):
+            b = np.arange(1001.0) * (root + 1) if R == root else np.zeros(1001)
+            ringmpi.broadcast(b, root, algorithm="pipeline_shm", segments=segments)
+            assert np.array_equal(b, np.arange(1001.0) * (root + 1))
+
+
+def test_shared_arrays_are_sent_and_filled_without_a_copy(rng):
+    n = 1 << 18
+    a = ringmpi.shared_empty(n, np.float32)
+    out = ringmpi.shared_empty((n // 4, 4), np.float32)
+    assert a.shape == (n,) and out.shape == (n // 4, 4)
+    a[:] = make_data(rng, "float32", n, "SUM")
+    ref = ringmpi.allreduce(a, algorithm="ring")
+    s = group().shared()
+    before = s.counters.bytes_copied
+    ringmpi.allreduce(a, out, algorithm="ring_shm")
+    assert s.counters.bytes_copied == before          # nothing staged, nothing copied out
+    assert out.ravel().tobytes() == ref.tobytes()
+    plain = a.copy()
+    ringmpi.allreduce(plain, algorithm="ring_shm")
+    assert s.counters.bytes_copied > before           # a numpy array is staged
+
+
+def test_the_arena_grows_and_nothing_is_left_in_dev_shm(rng):
+    for n in (10, 1 << 16, 1 << 21, 100):
+        x = make_data(rng, "float64", n, "SUM", exact=True)
+        ref = np.empty_like(x)
+        COMM.Allreduce(x, ref)
+        assert np.array_equal(ringmpi.allreduce(x, algorithm="ring_shm"), ref)
+    assert group().shared()._arena >= (1 << 21) * 8
+    COMM.Barrier()
+    assert not glob.glob("/dev/shm/ringmpi-*"), glob.glob("/dev/shm/ringmpi-*")
+
+
+def test_a_freed_communicator_releases_its_segments():
+    for _ in range(3):
+        dup = COMM.Dup()
+        x = np.full(1000, R + 1.0)
+        assert np.all(ringmpi.allreduce(x, comm=dup, algorithm="ring_shm") == P * (P + 1) / 2)
+        s = group(dup).shared()
+        dup.Free()
+        assert s.segments == [] and all(not segs for segs in s.peers)
+
+
+def test_auto_may_choose_it_and_errors_are_clear():
+    assert "ring_shm" in ringmpi.algorithms("allreduce") and "pipeline_shm" in ringmpi.algorithms("broadcast")
+    with pytest.raises(ringmpi.RingmpiUsageError, match="shared_empty.*shape must hold non-negative"):
+        ringmpi.shared_empty((-1,))
