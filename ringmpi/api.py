@@ -264,10 +264,13 @@ def _with_tunables(t: Any, alg: Any, call: Call) -> Call:
 
 
 def _plan(t: Any, spec: Any, comm: Any, algorithm: str, args: dict, alg: Any, call: Call, choice: dict):
-    """A callable plan(sendbuf, recvbuf) -> result for the next calls with the same shape."""
-    tuner, slow = choice.get("tuner"), _slow(spec, comm, algorithm, args)
+    """A callable plan(sendbuf, recvbuf) -> result for the next calls with the same shape.
+    Plans keep no buffer of the call they were made from (a cache must not keep a user's
+    arrays alive): only their shapes, through the key and the arguments' other values."""
+    tuner, slow = choice.get("tuner"), _slow(spec, comm, algorithm, spec.with_buffers(args, None, None))
     if tuner is not None and tuner.winner is None:
-        return _exploring_plan(t, spec, args, call, tuner, slow)
+        stub = call._replace(send=np.empty(0, call.dtype), recv=None)   # the dtype, not the memory
+        return _exploring_plan(t, spec, spec.with_buffers(args, None, None), stub, tuner, slow)
     if tuner is not None:  # auto, settled by online tuning: the winner's plan, monitored
         alg, choice = _alg.get(spec.name, tuner.winner), tuner.choice(tuner.winner)
     return _algorithm_plan(t, spec, args, alg, call, choice, slow, tuner)
@@ -283,9 +286,10 @@ def _exploring_plan(t: Any, spec: Any, args: dict, call: Call, tuner: Any, slow:
         choice = tuner.pick()
         name = choice["algorithm"]
         plan = plans.get(name)
-        if plan is None:
+        if plan is None:   # built from this call's buffers (same shapes as every call of the plan)
             alg = _alg.get(spec.name, name)
-            plan = plans[name] = _algorithm_plan(t, spec, args, alg, _with_tunables(t, alg, call), choice, slow)
+            plan = plans[name] = _algorithm_plan(t, spec, spec.with_buffers(args, sendbuf, recvbuf), alg,
+                                                 _with_tunables(t, alg, call), choice, slow)
         t0 = time.perf_counter()
         out = plan(sendbuf, recvbuf)
         if tuner.done(t, name, time.perf_counter() - t0):
@@ -313,13 +317,14 @@ def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice:
             return fast
     label = f"{spec.name}/{alg.name}"
     params = call.params
+    bare = spec.with_buffers(args, None, None)
 
     def run(sendbuf: Any, recvbuf: Any) -> Any:
         if tuner is not None:
             tuner.left -= 1
             if not tuner.left:
                 return monitored(t, tuner, run, sendbuf, recvbuf)
-        c, result = spec.prepare(Edge(spec.name, t), **spec.with_buffers(args, sendbuf, recvbuf))
+        c, result = spec.prepare(Edge(spec.name, t), **spec.with_buffers(bare, sendbuf, recvbuf))
         t.begin(label)
         try:
             alg.run(t, c._replace(params=params))

@@ -27,6 +27,7 @@ import mmap
 import os
 import secrets
 import time
+import weakref
 from typing import Any, Sequence
 
 import numpy as np
@@ -95,8 +96,9 @@ class SharedTransport:
         self.backend = NUMPY
         self.counters = Counters()
         self.tag = secrets.token_hex(4)
-        self.segments: list[Segment] = []          # mine: 0 is control + arena, then user arrays
-        self.peers: list[list[Segment]] = [[] for _ in range(self.size)]
+        self.segments: list[Segment | None] = []   # mine: 0 is control + arena, then user arrays
+        self.peers: list[list[Segment | None]] = [[] for _ in range(self.size)]
+        self._owners: dict[int, weakref.ref] = {}   # segment index -> the user array it holds
         self._ctl_bytes = _round(WORDS * self.size * 8)
         self.sent = [0] * self.size
         self.read = [0] * self.size
@@ -121,6 +123,7 @@ class SharedTransport:
         """Collective (every rank asks for the same size at the same call): a new control +
         arena segment of at least `arena` bytes becomes segment 0 on every rank."""
         self.group.barrier()          # no message in flight on the old one
+        self._release_ctl()
         self._share(self._ctl_bytes + _round(arena))
         first = len(self.segments) == 1
         for q, lst in enumerate([self.segments, *self.peers]):
@@ -132,8 +135,9 @@ class SharedTransport:
             if q == 0 or q - 1 != self.rank:   # my own old segment is in both lists: closed once
                 old.close()
         self._arena = self.segments[0].size - self._ctl_bytes
-        self.ctl = [np.frombuffer(self.peers[q][0].map, np.int64, WORDS * self.size).reshape(self.size, WORDS)
-                    for q in range(self.size)]
+        # control words of every rank's segment, as Python ints (a memoryview reads and
+        # writes one in about 30 ns; a numpy scalar takes longer): ctl[q][d * WORDS + word]
+        self.ctl = [memoryview(self.peers[q][0].map)[:WORDS * self.size * 8].cast("q") for q in range(self.size)]
         self.sent = [0] * self.size
         self.read = [0] * self.size
 
@@ -145,10 +149,28 @@ class SharedTransport:
 
     def shared_empty(self, n: int, dtype: Any) -> np.ndarray:
         """Collective: an array of n elements in a new shared segment of this rank, which
-        every rank maps (a buffer a call can send without copying it into the arena)."""
+        every rank maps (a buffer a call can send without copying it into the arena). The
+        segments of arrays that have died since the last call are unmapped everywhere first."""
+        self._collect()
         dt = np.dtype(dtype)
         seg = self._share(max(_round(n * dt.itemsize), ALIGN))
-        return np.frombuffer(seg.map, dtype=dt, count=n)
+        out = np.frombuffer(seg.map, dtype=dt, count=n)
+        self._owners[len(self.segments) - 1] = weakref.ref(out)
+        return out
+
+    def _collect(self) -> None:
+        """Collective: unmap, on every rank, the user segments whose arrays are gone on
+        their owner (a segment index is never reused: messages name segments by index)."""
+        dead = [i for i, ref in self._owners.items() if ref() is None]
+        for q, indices in enumerate(self.group.allgather_obj(dead)):
+            for i in indices:
+                seg = self.peers[q][i]
+                if seg is not None:
+                    seg.close()
+                self.peers[q][i] = None
+        for i in dead:
+            del self._owners[i]
+            self.segments[i] = None
 
     def _locate(self, buf: np.ndarray) -> tuple[int, int] | None:
         """(segment index, offset) of a contiguous buffer in one of my segments, or None."""
@@ -156,7 +178,7 @@ class SharedTransport:
             return None
         addr = buf.ctypes.data
         for i, seg in enumerate(self.segments):
-            if seg.base <= addr and addr + buf.nbytes <= seg.base + seg.size:
+            if seg is not None and seg.base <= addr and addr + buf.nbytes <= seg.base + seg.size:
                 return i, addr - seg.base
         return None
 
@@ -173,35 +195,38 @@ class SharedTransport:
     def empty(self, n: int, dtype: Any) -> np.ndarray:
         """Scratch in the arena (this call's), so that it can be sent without a copy; a
         plain array once the arena is full."""
+        return self._take(n, dtype)[0]
+
+    def _take(self, n: int, dtype: Any) -> tuple[np.ndarray, int | None]:
         dt = np.dtype(dtype)
         need = _round(max(n * dt.itemsize, 1))
         if self._cursor + need > self._arena:
-            return np.empty(n, dt)
+            return np.empty(n, dt), None
         start = self._ctl_bytes + self._cursor
         self._cursor += need
-        return self.segments[0].array[start:start + n * dt.itemsize].view(dt)
+        return self.segments[0].array[start:start + n * dt.itemsize].view(dt), start
 
     # -- data movement ------------------------------------------------------------------
     def _publish(self, buf: np.ndarray, dest: int) -> None:
         where = self._locate(buf)
         if where is None:                       # not in shared memory: into the arena first
-            staged = self.empty(buf.size, buf.dtype)
-            where = self._locate(staged)
-            if where is None:
+            staged, start = self._take(buf.size, buf.dtype)
+            if start is None:
                 raise MemoryError(f"shared arena of {self._arena} bytes is full (needs {buf.nbytes} more)")
             self.copy(buf, staged)
-        row = self.ctl[self.rank][dest]
-        row[SEG], row[OFF], row[LEN] = where[0], where[1], buf.nbytes
+            where = (0, start)
+        ctl, at = self.ctl[self.rank], dest * WORDS
+        ctl[at + SEG], ctl[at + OFF], ctl[at + LEN] = where[0], where[1], buf.nbytes
         self.sent[dest] += 1
-        row[SENT] = self.sent[dest]             # the flag last: the receiver reads the row after it
+        ctl[at + SENT] = self.sent[dest]        # the flag last: the receiver reads the row after it
         self.counters.messages += 1
         self.counters.bytes_sent += buf.nbytes
 
     def _incoming(self, source: int, like: np.ndarray) -> np.ndarray:
         """Wait for the next block from `source`; a view of it in the sender's memory."""
-        row = self.ctl[source][self.rank]
-        _wait(row, SENT, self.read[source] + 1)
-        seg, off, nbytes = int(row[SEG]), int(row[OFF]), int(row[LEN])
+        ctl, at = self.ctl[source], self.rank * WORDS
+        _wait(ctl, at + SENT, self.read[source] + 1)
+        seg, off, nbytes = ctl[at + SEG], ctl[at + OFF], ctl[at + LEN]
         if nbytes != like.nbytes:
             raise RuntimeError(f"rank {source} sent {nbytes} bytes to rank {self.rank}, which expected "
                                f"{like.nbytes} (MPI would truncate or hang)")
@@ -209,11 +234,11 @@ class SharedTransport:
 
     def _done_reading(self, source: int) -> None:
         self.read[source] += 1
-        self.ctl[self.rank][source][ACKED] = self.read[source]
+        self.ctl[self.rank][source * WORDS + ACKED] = self.read[source]
 
     def _delivered(self, dest: int) -> None:
         """Wait until `dest` has read what was published to it (the block may change after)."""
-        _wait(self.ctl[dest][self.rank], ACKED, self.sent[dest])
+        _wait(self.ctl[dest], self.rank * WORDS + ACKED, self.sent[dest])
 
     def sendrecv(self, sendbuf: Any, dest: int | None, recvbuf: Any, source: int | None) -> None:
         self.counters.calls += 1
@@ -263,10 +288,17 @@ class SharedTransport:
     def native(self, call: Any) -> None:
         self.group.native(call)
 
+    def _release_ctl(self) -> None:
+        for words in getattr(self, "ctl", []):
+            words.release()       # the mapping can only be closed once no view is left
+        self.ctl = []
+
     def release(self) -> None:
+        self._release_ctl()
         for segs in self.peers:   # my own segments are among them
             for seg in segs:
-                seg.close()
+                if seg is not None:
+                    seg.close()
         self.peers = [[] for _ in range(self.size)]
         self.segments = []
 
@@ -278,11 +310,11 @@ def _round(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def _wait(row: np.ndarray, word: int, target: int) -> None:
-    """Spin until row[word] >= target, then yield the core between polls (more ranks than
+def _wait(words: memoryview, i: int, target: int) -> None:
+    """Spin until words[i] >= target, then yield the core between polls (more ranks than
     cores is the laptop case: a spinning rank would starve the one it waits for)."""
     spins = 0
-    while row[word] < target:
+    while words[i] < target:
         spins += 1
         if spins > SPINS:
             _yield() if spins < 100 * SPINS else time.sleep(50e-6)

@@ -42,13 +42,13 @@ def _allreduce_cost(p, count, itemsize, **_):
 
 @register("allreduce", "ring_shm", _allreduce_cost, unavailable=_one_host)
 def allreduce(t, call):
+    """ring.py's all-reduce into the user's buffer: the reduce-scatter reduces straight
+    into it; a block published from memory peers cannot map is staged in the arena (none
+    with `shared_empty` arrays)."""
     s, p = t.shared(), t.size
     block = cdiv(call.count, p) * call.itemsize
-    s.reserve(call.count * call.itemsize + 2 * block + SLACK)
-    work = _work(s, call.recv, call.count, call.dtype)
-    _ring.allreduce(s, call._replace(recv=work, inplace=False))
-    if work is not call.recv:
-        s.copy(work, call.recv)
+    s.reserve(2 * p * (block + 64) + SLACK)   # the ring's landing block and every block it publishes
+    _ring.allreduce(s, call)
 
 
 @register("reduce_scatter", "ring_shm", lambda p, count, itemsize, **_: _ring._rounds_cost(p, count, itemsize, 1, True),

@@ -83,8 +83,10 @@ def exact_input(rank: int, p: int, n: int, dtype: np.dtype, op: str | None) -> n
 class Case:
     """One (collective, size) on this rank: its harness calls and their expected result."""
 
-    def __init__(self, spec: Collective, nbytes: int, dtype: np.dtype, op: str, root: int, t: Any) -> None:
+    def __init__(self, spec: Collective, nbytes: int, dtype: np.dtype, op: str, root: int, t: Any,
+                 register: bool = False) -> None:
         self.spec, self.dtype, self.op, self.root, self.t = spec, dtype, op if spec.reduces else None, root, t
+        self.register = register
         p, r = t.size, t.rank
         self.count = spec.nccl_count(nbytes, dtype.itemsize, p)
         self.size = spec.size(self.count, dtype.itemsize, p)
@@ -94,7 +96,32 @@ class Case:
         self.refs: dict = {}
 
     def make(self, inplace: bool):
-        return self.spec.make(self.t.rank, self.t.size, self.x, op=self.op, root=self.root, inplace=inplace)
+        call = self.spec.make(self.t.rank, self.t.size, self.x, op=self.op, root=self.root, inplace=inplace)
+        return self._shared(call) if self.register else call
+
+    def _shared(self, call):
+        """The call with its buffers moved into one shared segment of this rank (collective:
+        one `shared_empty` per call on every rank), views kept as views."""
+        bases: dict[int, tuple[np.ndarray, int]] = {}
+        for a in (call.send, call.recv):
+            if a is not None:
+                base = a if a.base is None else a.base
+                bases.setdefault(id(base), (base, sum(b.nbytes for b, _ in bases.values())))
+        pool = _collectives.shared_empty(sum(b.nbytes for b, _ in bases.values()), np.uint8, comm=self.t.user_comm)
+        moved = {}
+        for key, (base, off) in bases.items():
+            new = pool[off:off + base.nbytes].view(base.dtype)
+            new[:] = base.reshape(-1)
+            moved[key] = (base, new)
+
+        def remap(a):
+            if a is None:
+                return None
+            base, new = moved[id(a if a.base is None else a.base)]
+            start = (a.ctypes.data - base.ctypes.data) // a.itemsize
+            return new[start:start + a.size].reshape(a.shape)
+        send = remap(call.send)
+        return call._replace(send=send, recv=send if call.recv is call.send else remap(call.recv))
 
     @functools.cached_property
     def expected(self) -> np.ndarray | None:
@@ -224,6 +251,9 @@ class Options:
                                help="with --save-profile: save the fit even when it looks unphysical")
     progress: bool = _opt(True, "--no-progress", action="store_false", help="no progress bar")
     quiet: bool = _opt(False, "--quiet", action="store_true", help="footer only, no table")
+    register: int = _opt(0, "-R", "--local-register", type=int, choices=[0, 1],
+                         help="1: buffers in the host's shared memory (ringmpi.shared_empty, like nccl-tests' "
+                              "registered buffers): the shared-memory algorithms send them without a copy")
     fresh: bool = _opt(False, "--fresh", action="store_true",
                        help="time auto as on a machine with no profile: online tuning from scratch "
                             "(its exploration cost is reported)")
@@ -297,6 +327,8 @@ def _print_banner(info: dict, o: Options, pairs, root, sizes) -> None:
     step = f"+{o.stepbytes}" if o.stepbytes else f"x{o.stepfactor:g}"
     print(f"# dtype {kinds}, op {ops}, root {root}, sizes {sizes[0]}..{sizes[-1]} B {step}, "
           f"{o.rounds} interleaved rounds per size, median kept")
+    if o.register:
+        print("# -R 1: every buffer in the host's shared memory (ringmpi.shared_empty)")
     print(f"# memory copy: {info['copy_GBps']:.3g} GB/s per rank ({size_label(info['copy_bytes'])}B, every rank "
           "copying at once): the bound for collectives within one host")
 
@@ -331,7 +363,7 @@ def _sweep(t, o: Options, plan, sizes, dtype, op, root, prog):
     prof = profile_of(t)
     for spec, algs in plan:
         for nbytes in sizes:
-            case = Case(spec, nbytes, dtype, op, root, t)
+            case = Case(spec, nbytes, dtype, op, root, t, bool(o.register))
             iters, warm = default_iters(case.size)
             iters, warm = o.iters or iters, o.warmup if o.warmup is not None else warm
             runners = {(a, ip): case.runner(a, ip) for a in algs for ip in case.calls}
@@ -368,7 +400,7 @@ def _time_auto(t, o: Options, plan, sizes, dtype, op, root, rows) -> list[dict]:
     for spec, _ in plan:
         place = "out" if spec.has_out_of_place else "in"
         for nbytes in sizes:
-            case = Case(spec, nbytes, dtype, op, root, t)
+            case = Case(spec, nbytes, dtype, op, root, t, bool(o.register))
             if not case.count:
                 continue
             ip = place == "in"

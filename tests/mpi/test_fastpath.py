@@ -132,3 +132,18 @@ def test_online_tuning_agrees_on_every_rank(rng):
         assert len(tuners) == 1 and tuners[0].winner in ringmpi.algorithms("allreduce")
         assert picks[-1] == tuners[0].winner
         assert COMM.allgather(tuners[0].winner) == [tuners[0].winner] * P
+
+
+@pytest.mark.parametrize("alg", ["mpi", "ring", "auto"])
+def test_plans_keep_no_user_array_alive(alg):
+    """The plan cache keeps shapes, not buffers: arrays a program drops are freed."""
+    import gc
+    import weakref
+    x, y = np.ones(1000), np.empty(1000)
+    for _ in range(4):
+        ringmpi.allreduce(x, y, algorithm=alg)
+        ringmpi.broadcast(x, 0, algorithm=alg if alg != "ring" else "pipeline")
+    refs = [weakref.ref(x), weakref.ref(y)]
+    del x, y
+    gc.collect()
+    assert [r() for r in refs] == [None, None]

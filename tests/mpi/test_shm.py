@@ -106,3 +106,29 @@ def test_auto_may_choose_it_and_errors_are_clear():
     assert "ring_shm" in ringmpi.algorithms("allreduce") and "pipeline_shm" in ringmpi.algorithms("broadcast")
     with pytest.raises(ringmpi.RingmpiUsageError, match="shared_empty.*shape must hold non-negative"):
         ringmpi.shared_empty((-1,))
+
+
+def test_segments_of_dead_shared_arrays_are_unmapped_everywhere():
+    s = group().shared()
+    for i in range(6):
+        a = ringmpi.shared_empty(1 << 16, np.float64)
+        a[:] = R + i
+        assert np.all(ringmpi.allreduce(a, algorithm="ring_shm") == sum(range(P)) + P * i)
+        del a
+    live = [seg for seg in s.segments if seg is not None]
+    assert len(live) <= 2, len(live)      # the arena and the last array: the others were collected
+    assert all(sum(x is not None for x in segs) <= 2 for segs in s.peers)
+
+
+def test_bench_with_registered_buffers(tmp_path):
+    from ringmpi.tools.cli import main
+    out = tmp_path / "rows.json" if R == 0 else None
+    rc = main(["bench", "-R", "1", "-C", "allreduce,broadcast", "-A", "ring_shm,pipeline_shm,ring", "-b", "1K",
+               "-e", "64K", "-f", "8", "-n", "3", "-w", "1", "--rounds", "1", "--no-progress", "--quiet",
+               *(["-J", str(out)] if out else [])])
+    assert COMM.allgather(rc) == [0] * P
+    if R == 0:
+        import json
+        rows = json.loads(out.read_text())["rows"]
+        assert {r["algorithm"] for r in rows} >= {"ring_shm", "pipeline_shm", "mpi"}
+        assert all(r["wrong"] == 0 for r in rows)
