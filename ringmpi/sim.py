@@ -150,8 +150,14 @@ class VirtualRank(ReceiveThenReduce):
             return
         # the common two-sided case on a uniform network, inlined: the simulator's hot path
         out, inn = sendbuf.nbytes, recvbuf.nbytes
-        prof = cl.profile
-        op = _Op(self.rank, self.clock, prof.alpha, (out if out > inn else inn) * prof.beta, 2, self.rounds)
+        if cl.per_node:   # two kinds of link: each message at its own link's alpha and beta
+            a_out, b_out = cl.link(self.rank, dest)
+            a_in, b_in = cl.link(source, self.rank)
+            op = _Op(self.rank, self.clock, a_out if a_out > a_in else a_in, max(out * b_out, inn * b_in), 2,
+                     self.rounds)
+        else:
+            prof = cl.profile
+            op = _Op(self.rank, self.clock, prof.alpha, (out if out > inn else inn) * prof.beta, 2, self.rounds)
         c = self.counters
         c.calls += 1
         c.messages += 1
@@ -283,7 +289,7 @@ class VirtualCluster:
         # the host of every rank (named by its lowest rank): nodes of per_node consecutive
         # ranks (the last one may be smaller); 0: one node and one link class
         self.nodes = [r - r % per_node for r in range(size)] if per_node else [0] * size
-        self.fast = network.uniform and not per_node  # sendrecv's inlined path applies
+        self.fast = network.uniform   # sendrecv's inlined path applies
         self.sym_itemsize = sym_itemsize
         self.ranks = [VirtualRank(self, r) for r in range(size)]
         self._chans: dict = {}

@@ -62,10 +62,15 @@ class Algorithm:
         return FREE if p == 1 else self.cost(p, count, itemsize, **params)
 
     def predict(self, p: int, count: int, itemsize: int, prof: Profile, **params) -> float | None:
-        """Seconds under `prof`, with the tuned parameters unless given; None without a formula."""
+        """Seconds under `prof`, with the tuned parameters unless given; None without a formula.
+        Every rank on one node of a profile with node links (per_node >= p): every link is
+        the node's."""
         if self.cost is None:
             return None
-        return self.formula(p, count, itemsize, **{**self.tuned(p, count, itemsize, prof), **params}).time(prof)
+        c = self.formula(p, count, itemsize, **{**self.tuned(p, count, itemsize, prof), **params})
+        if prof.per_node >= p and not c.local_alphas:
+            c = c.local()
+        return c.time(prof)
 
 
 _REGISTRY: dict[tuple[str, str], Algorithm] = {}

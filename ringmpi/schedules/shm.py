@@ -3,11 +3,11 @@ schedules from ring.py, unchanged, on the shared-memory transport.
 
     ring_shm  (allreduce, reduce_scatter, allgather)   pipeline_shm  (broadcast)
 
-Rounds and bytes are ring.py's (same round table, same formulas):
+Rounds and bytes are ring.py's (same round table, same formulas), on the node's links:
 
-    T_ring_shm_allreduce = 2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma
+    T_ring_shm_allreduce = 2(p-1) alpha_l + 2(p-1)/p n beta_l + (p-1)/p n gamma
 
-with alpha and beta those of the host's memory rather than a network: a "message" is the
+alpha_l and beta_l those of the host's memory rather than a network: a "message" is the
 receiver reading the block in the sender's shared segment (one copy, not MPI's two through
 its queue), and the reduce-scatter reduces the neighbour's block straight into its output
 (`sendrecv_reduce`, one pass). The blocks a round sends must lie in shared memory: the work
@@ -19,6 +19,8 @@ same order as over MPI: the same bits.
 Only for ranks that share one host (`unavailable` otherwise: auto leaves them out).
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 from . import cdiv, offsets, register
 from . import ring as _ring
@@ -37,7 +39,16 @@ def _work(s, buf, count, dtype):
 
 
 def _allreduce_cost(p, count, itemsize, **_):
-    return _ring._rounds_cost(p, count, itemsize, 2, True)
+    return _ring._rounds_cost(p, count, itemsize, 2, True).local()
+
+
+def _pipeline_cost(p, count, itemsize, segments=1, **_):
+    return _ring._pipeline_cost(p, count, itemsize, segments).local()
+
+
+def _pipeline_tune(p, count, itemsize, prof) -> dict:
+    """The pipeline's segment count under the node's own alpha and beta."""
+    return _ring._pipeline_tune(p, count, itemsize, replace(prof, alpha=prof.alpha_l, beta=prof.beta_l))
 
 
 @register("allreduce", "ring_shm", _allreduce_cost, unavailable=_one_host)
@@ -51,16 +62,16 @@ def allreduce(t, call):
     _ring.allreduce(s, call)
 
 
-@register("reduce_scatter", "ring_shm", lambda p, count, itemsize, **_: _ring._rounds_cost(p, count, itemsize, 1, True),
-          unavailable=_one_host)
+@register("reduce_scatter", "ring_shm",
+          lambda p, count, itemsize, **_: _ring._rounds_cost(p, count, itemsize, 1, True).local(), unavailable=_one_host)
 def reduce_scatter(t, call):
     s = t.shared()
     s.reserve(3 * max(call.counts) * call.itemsize + SLACK)   # ring.py's two work blocks, the first send staged
     _ring.reduce_scatter(s, call)
 
 
-@register("allgather", "ring_shm", lambda p, count, itemsize, **_: _ring._rounds_cost(p, count, itemsize, 1, False),
-          unavailable=_one_host)
+@register("allgather", "ring_shm",
+          lambda p, count, itemsize, **_: _ring._rounds_cost(p, count, itemsize, 1, False).local(), unavailable=_one_host)
 def allgather(t, call):
     s, r = t.shared(), t.rank
     off = offsets(call.counts)
@@ -74,7 +85,7 @@ def allgather(t, call):
         s.copy(work, call.recv)
 
 
-@register("broadcast", "pipeline_shm", _ring._pipeline_cost, _ring._pipeline_tune, unavailable=_one_host)
+@register("broadcast", "pipeline_shm", _pipeline_cost, _pipeline_tune, unavailable=_one_host)
 def broadcast(t, call):
     s, buf = t.shared(), call.recv
     s.reserve(buf.size * buf.itemsize + SLACK)

@@ -15,6 +15,8 @@ for the lecture's decimal 64 MB. Rates are decimal: 25GB/s = 25e9 bytes per seco
 from __future__ import annotations
 
 import argparse
+import types
+from typing import Any
 
 import numpy as np
 
@@ -31,8 +33,20 @@ WIDTH = 120  # columns of the tables
 
 
 def _profile(ns) -> cm.Profile:
+    name = f"alpha={human_time(ns.alpha)}, B={ns.bandwidth / 1e9:g} GB/s"
+    local = {}
+    if ns.per_node:
+        local = dict(alpha_local=ns.alpha_local if ns.alpha_local is not None else ns.alpha,
+                     beta_local=1 / ns.bandwidth_local if ns.bandwidth_local else 1 / ns.bandwidth, per_node=ns.per_node)
+        name += (f" between nodes; {ns.per_node} ranks per node at alpha={human_time(local['alpha_local'])}, "
+                 f"B={1 / local['beta_local'] / 1e9:g} GB/s")
     return cm.Profile(alpha=ns.alpha, beta=1 / ns.bandwidth, gamma=1 / ns.reduce_rate if ns.reduce_rate else 0.0,
-                      name=f"alpha={human_time(ns.alpha)}, B={ns.bandwidth / 1e9:g} GB/s")
+                      name=name, **local)
+
+
+def _layout(p: int, per_node: int) -> Any:
+    """What an algorithm's `unavailable` looks at: the size and every rank's node."""
+    return types.SimpleNamespace(size=p, nodes=[r - r % per_node for r in range(p)] if per_node else [0] * p)
 
 
 def symbolic_table(collective: str = "allreduce", p: int = 4, segments: int = 4, algorithm: str | None = None) -> str:
@@ -108,7 +122,16 @@ def traffic_table(nbytes: int, workers: list[int]) -> str:
     return "\n".join(lines)
 
 
+def _workers(ns, command: str) -> None:
+    """--nodes N with --per-node K: the world sizes are N x K."""
+    if ns.nodes:
+        if not ns.per_node:
+            args.fail(command, f"--nodes {ns.nodes}: give --per-node too (ranks on each node)")
+        ns.workers = [ns.nodes * ns.per_node]
+
+
 def _sim(ns) -> int:
+    _workers(ns, "sim " + ns.what)
     if ns.what == "table":
         if ns.workers[0] > len(NAMES):
             args.fail("sim table", f"--workers {ns.workers[0]}: a symbolic table shows at most {len(NAMES)} workers "
@@ -137,6 +160,7 @@ def time_table(collective: str, nbytes: int, workers: list[int], prof: cm.Profil
     itemsize = 4 if data else 1
     params = {"segments": segments} if segments else {}
     knobs = bool(straggler and straggler[1] != 1 or slow_links or overhead)
+    per_node = prof.per_node
     lines = [f"# {collective}, {human_bytes(nbytes)}, {prof.name}: simulated vs formula"
              f" ({'random data, checked against numpy' if data else 'no data: phantom buffers'})"]
     for p in workers:
@@ -157,16 +181,18 @@ def time_table(collective: str, nbytes: int, workers: list[int], prof: cm.Profil
             lines.append(f"# p={p}: {what}")
         for name in schedules.names(collective)[:-1]:
             alg = schedules.get(collective, name)
+            if alg.why_not(_layout(p, per_node)):
+                continue
             if data:
                 rng = np.random.default_rng(p)
                 inputs = [rng.integers(0, 10, n_in).astype(np.int32) for _ in range(p)]
             else:
                 inputs = phantoms(p, n_in, np.uint8)
             t0 = _time.perf_counter()
-            cl, outs = run_collective(collective, name, inputs, profile=prof, params=params or None)
+            cl, outs = run_collective(collective, name, inputs, profile=prof, params=params or None, per_node=per_node)
             wall = _time.perf_counter() - t0
             n = spec.size(count, itemsize, p)
-            f = alg.formula(p, n, 1, **{**alg.tuned(p, n, 1, prof), **params}).time(prof) - prof.overhead
+            f = alg.predict(p, n, 1, prof, **params) - prof.overhead
             row = (f"p={p:<5} {name:<19} sim {human_time(cl.time):>10}  formula {human_time(f):>10}  "
                    f"busiest {human_bytes(cl.traffic()['busiest_sent']):>9}")
             if data:
@@ -175,7 +201,7 @@ def time_table(collective: str, nbytes: int, workers: list[int], prof: cm.Profil
                 row += "  check " + ("ok" if bad == 0 else f"{bad} ranks WRONG")
             if knobs:
                 slow, _ = run_collective(collective, name, phantoms(p, n_in, np.uint8), profile=prof,
-                                         params=params or None, network=net)
+                                         params=params or None, network=net, per_node=per_node)
                 row += f"  slowed {human_time(slow.time):>10} ({slow.time / cl.time if cl.time else 1:.2f}x)"
             lines.append(row + f"  [{wall:.1f} s]")
     return "\n".join(lines)
@@ -211,8 +237,12 @@ def _segments(ns, prof) -> None:
 
 
 def _crossover(ns, prof) -> None:
+    pairs = [("naive", "tree"), ("tree", "ring"), ("naive", "ring")]
+    if prof.per_node:
+        pairs.append(("ring", "hierarchical"))
+        print(f"# {prof.name}")
     for p in ns.workers:
-        for a, b in (("naive", "tree"), ("tree", "ring"), ("naive", "ring")):
+        for a, b in pairs:
             x = model.crossover("allreduce", a, b, p, prof)
             print(f"p={p}: {b} overtakes {a} at {human_bytes(x) + f' ({x} B)' if x else 'never'}")
 
@@ -243,6 +273,7 @@ MODEL = {"predict": _predict, "segments": _segments, "crossover": _crossover, "s
 
 
 def _model(ns) -> int:
+    _workers(ns, "model " + ns.what)
     MODEL[ns.what](ns, _profile(ns))
     return 0
 
@@ -258,6 +289,24 @@ def _common(p) -> None:
     p.add_argument("--collective", choices=list(SPECS), default="allreduce", help="collective")
     p.add_argument("--segments", type=int, default=0,
                    help="pipeline segments (0: the tuned S; tables use 4)")
+    p.add_argument("--per-node", type=_count, default=0,
+                   help="ranks per node: a cluster of nodes, its links inside a node at --alpha-local and "
+                        "--bandwidth-local (0: one node, one kind of link)")
+    p.add_argument("--nodes", type=_count, default=0, help="nodes (with --per-node: the world size is their product)")
+    p.add_argument("--alpha-local", type=args.time, default=None, help="latency inside a node (default: --alpha)")
+    p.add_argument("--bandwidth-local", type=args.rate, default=None,
+                   help="bandwidth inside a node (default: --bandwidth)")
+
+
+def _count(text: str) -> int:
+    """A non-negative integer (ranks, nodes)."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return v
 
 
 def _factor(text: str) -> tuple[int | None, float]:

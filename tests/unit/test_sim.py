@@ -2,6 +2,8 @@
 equal to numpy, and simulated time / traffic / rounds equal to every registered formula."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -9,7 +11,7 @@ from ringmpi.collectives import SPECS
 from ringmpi.cost import LECTURE, Profile
 from ringmpi.model import cost
 from ringmpi.schedules import get, names
-from ringmpi.sim import Network, SimDeadlock, Sym, VirtualCluster, phantoms, run_collective, symbolic
+from ringmpi.sim import Network, SimDeadlock, Sym, VirtualCluster, VirtualRank, phantoms, run_collective, symbolic
 from ringmpi.tools.explain import parameter_server_traffic, symbolic_table
 
 PROF = Profile(alpha=5e-6, beta=1 / 25e9, gamma=1 / 50e9)
@@ -187,3 +189,59 @@ def test_network_knobs_are_checked():
                 Network(overhead=-1.0)):
         with pytest.raises(ValueError):
             VirtualCluster(4, network=bad)
+
+
+# -- a cluster of nodes: two kinds of link, the hierarchical all-reduce -------------------
+
+NODES = Profile(alpha=10e-6, beta=1 / 1.25e9, gamma=1 / 50e9, alpha_local=1e-6, beta_local=1 / 20e9)
+
+
+@pytest.mark.parametrize("nodes,per_node", [(2, 2), (4, 1), (3, 4), (2, 5)])
+def test_hierarchical_and_flat_ring_on_nodes_equal_their_formulas(nodes, per_node):
+    p, n = nodes * per_node, 60 * 64 * 5 * 7
+    for alg in ("ring", "hierarchical"):
+        cl, _ = run_collective("allreduce", alg, phantoms(p, n), profile=NODES, per_node=per_node)
+        assert cl.time == pytest.approx(cost("allreduce", alg, p, n, 1, per_node=per_node).time(NODES)
+                                        - NODES.overhead, rel=1e-12), (alg, nodes, per_node)
+    flat, _ = run_collective("allreduce", "ring", phantoms(p, n), profile=NODES, per_node=per_node)
+    hier, _ = run_collective("allreduce", "hierarchical", phantoms(p, n), profile=NODES, per_node=per_node)
+    if nodes > 1 and per_node > 1:
+        assert hier.time < flat.time   # n/k per rank on the slow links instead of every round on them
+
+
+@pytest.mark.parametrize("p,per_node", [(4, 2), (5, 2), (7, 3), (6, 4), (3, 1)])
+def test_hierarchical_is_exact_on_uneven_nodes(p, per_node):
+    rng = np.random.default_rng(p * 10 + per_node)
+    xs = [rng.integers(-9, 9, 37).astype(np.int64) for _ in range(p)]
+    cl, outs = run_collective("allreduce", "hierarchical", xs, profile=NODES, per_node=per_node)
+    assert all(np.array_equal(o, sum(xs)) for o in outs)
+    assert len({o.tobytes() for o in outs}) == 1
+
+
+def test_host_link_bytes_flat_ring_versus_hierarchical():
+    """2 nodes x 2 ranks: the flat ring puts 1.5n on each host's link, the hierarchical n."""
+    n = 1 << 20
+    out = {}
+    for alg in ("ring", "hierarchical"):
+        cl = VirtualCluster(4, NODES, per_node=2, data=False)
+        spec = SPECS["allreduce"]
+        xs = phantoms(4, n)
+        a = get("allreduce", alg)
+
+        def fn(t, a=a):
+            call = spec.make(t.rank, 4, xs[t.rank], op="SUM")
+            a.run(t, call._replace(params=tuple(sorted(a.tuned(4, n, 1, replace(NODES, per_node=2)).items()))))
+        crossing = [0, 0]
+        orig = VirtualRank.sendrecv
+
+        def counting(self, sendbuf, dest, recvbuf, source):
+            if sendbuf is not None and dest is not None and self.cluster.nodes[dest] != self.cluster.nodes[self.rank]:
+                crossing[self.cluster.nodes[self.rank] // 2] += sendbuf.nbytes
+            orig(self, sendbuf, dest, recvbuf, source)
+        VirtualRank.sendrecv = counting
+        try:
+            cl.run(fn)
+        finally:
+            VirtualRank.sendrecv = orig
+        out[alg] = crossing
+    assert out["ring"] == [3 * n // 2] * 2 and out["hierarchical"] == [n] * 2, out
