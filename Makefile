@@ -13,7 +13,7 @@ V       := $(VENV)/bin
 LAUNCH  := $(V)/python -m ringmpi.launch
 OUT     ?= results
 
-.PHONY: setup bench test lint test-unit test-mpi test-faults test-mpi4py test-readme test-mpich demo clean
+.PHONY: setup bench test lint test-unit test-mpi test-faults test-mpi4py test-cluster test-readme test-mpich demo clean
 all: test
 
 $(V)/.stamp-$(MPI): setup.cfg pyproject.toml
@@ -40,7 +40,7 @@ bench: setup
 demo: setup
 	$(LAUNCH) -n $(NP) --timeout 300 -- $(V)/python -m ringmpi demo
 
-test: lint test-unit test-mpi test-faults test-mpi4py test-readme test-mpich
+test: lint test-unit test-mpi test-faults test-mpi4py test-cluster test-readme test-mpich
 
 # pyflakes-level checks and likely bugs (unused names, undefined names, mutable defaults ...)
 lint: setup
@@ -65,6 +65,19 @@ test-faults: setup
 # replaced by ringmpi.Comm (python -m ringmpi.run), against the same tests on plain mpi4py.
 test-mpi4py: setup
 	$(V)/python tests/mpi4py/suite.py --ranks $(RANKS)
+
+# The MPI tests on a cluster made of network namespaces (benchmarks/multihost.sh): 2 hosts x 2
+# ranks (shared memory inside a host, TCP between) and 4 hosts x 1, on the Open MPI wheel.
+# Needs root; skipped, with a message, where namespaces cannot be made.
+test-cluster: setup
+	@set -e; if [ "$(MPI)" != wheel ]; then echo "test-cluster: runs on the Open MPI wheel (MPI=wheel) only; skipped"; exit 0; fi; \
+	for layout in 2x2 4; do \
+	  echo "== tests/mpi on a $$layout cluster of network namespaces"; \
+	  rc=0; RUN_CMD="$(abspath $(V))/python -m mpi4py -m pytest -q --color=no -p no:cacheprovider tests/mpi" \
+	    bash benchmarks/multihost.sh $$layout || rc=$$?; \
+	  if [ $$rc = 3 ]; then echo "test-cluster: skipped (no network namespaces here)"; break; fi; \
+	  [ $$rc = 0 ] || exit $$rc; \
+	done
 
 test-unit: setup
 	$(V)/python -m pytest -q tests/unit

@@ -55,7 +55,9 @@ def allreduce(t, call):
     off = offsets(counts)
     j = local.rank
     node = local.shared() if len(set(local.nodes)) == 1 else local
-    node.reserve(3 * max(counts) * call.itemsize + 512)
+    # the node's reduce-scatter (ring.py: a landing and two work blocks, the first send
+    # staged) and its all-gather's blocks, staged as they leave the user's buffer
+    node.reserve((local.size + 3) * (max(counts) * call.itemsize + 64) + 512)
     recv = call.recv
     # 1. my slice of the node's sum, straight into its place in the result
     mine = recv[off[j]:off[j + 1]]

@@ -66,7 +66,8 @@ def allreduce(t, call):
           lambda p, count, itemsize, **_: _ring._rounds_cost(p, count, itemsize, 1, True).local(), unavailable=_one_host)
 def reduce_scatter(t, call):
     s = t.shared()
-    s.reserve(3 * max(call.counts) * call.itemsize + SLACK)   # ring.py's two work blocks, the first send staged
+    # ring.py's landing block and two work blocks, and the first block it sends, staged
+    s.reserve(4 * (max(call.counts) * call.itemsize + 64) + SLACK)
     _ring.reduce_scatter(s, call)
 
 

@@ -16,7 +16,9 @@ from tests.helpers import make_data
 
 COMM = MPI.COMM_WORLD
 P, R = COMM.size, COMM.rank
-pytestmark = pytest.mark.skipif(P == 1, reason="one rank has no peers")
+ONE_HOST = len(set(group().nodes)) == 1
+pytestmark = [pytest.mark.skipif(P == 1, reason="one rank has no peers"),
+              pytest.mark.skipif(not ONE_HOST, reason="shared memory needs every rank on one host")]
 
 
 @pytest.mark.parametrize("n", [0, 1, P - 1, 1000, 65537, 1 << 20])
