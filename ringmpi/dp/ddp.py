@@ -49,6 +49,14 @@ class DataParallel:
         for p in self.params.values():  # every replica starts from rank 0's parameters
             api.broadcast(p, 0, comm=comm, algorithm="auto")
         self.buckets = self._make_buckets(bucket_cap_mb * 1e6, first_bucket_mb * 1e6)
+        # one persistent buffer per bucket, in the host's shared memory when every rank is on
+        # one host (the shared-memory all-reduce then sends and fills it without a copy, as
+        # NCCL does with registered buffers), else a plain array
+        one_host = self.t.size > 1 and len(set(self.t.nodes)) == 1
+        self.flats = []
+        for b in self.buckets:
+            n, dt = sum(self.params[k].size for k in b), np.result_type(*(self.params[k] for k in b))
+            self.flats.append(api.shared_empty(n, dt, comm=comm) if one_host else np.empty(n, dt))
         self.allreduce_calls = 0
         self._sync = True
         self.zero_grad()
@@ -110,11 +118,12 @@ class DataParallel:
             raise RuntimeError(f"DataParallel (rank {self.t.rank}): parameters {missing} got no gradient "
                                "on some ranks; pass find_unused_parameters=True if that is expected")
         use = {k for k, c in zip(names, present) if c > 0}
-        for bucket in self.buckets:
+        for bucket, whole in zip(self.buckets, self.flats):
             names_b = [k for k in bucket if k in use]
             if not names_b:
                 continue
-            flat = np.concatenate([self.grads[k].reshape(-1) for k in names_b])
+            flat = whole[:sum(self.grads[k].size for k in names_b)]
+            np.concatenate([self.grads[k].reshape(-1) for k in names_b], out=flat)
             api.allreduce(flat, flat, comm=self.comm, algorithm=self.algorithm)
             self.allreduce_calls += 1
             scale = 1.0 / scalars[1] if self.weighting == "global" else 1.0 / p
