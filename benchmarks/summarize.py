@@ -110,6 +110,47 @@ def htb_section(d: dict) -> list[str]:
             f"{1 / p['beta'] / 1e9 / 0.125:.2f}x the link's rate."]
 
 
+def by_size(d: dict, coll: str) -> list[int]:
+    return sorted({r["size"] for r in rows_of(d, coll)})
+
+
+def shm_section(unshared: dict, shared: dict) -> list[str]:
+    """ring_shm against MPI_Allreduce and the point-to-point ring, buffers shared (-R 1) or not."""
+    copy = shared["banner"].get("copy_GBps")
+    out = ["\n## Shared memory on one host: 2 ranks, buffers shared (`-R 1`) or not "
+           "(`results/shm-p2-R1`, `results/shm-p2-R0`)", "",
+           "Time / MPI_Allreduce, float32 SUM, out of place; each column from its own run "
+           "(the runs are minutes apart, and this VM's memory bandwidth drifts between runs).", "",
+           "| size | MPI_Allreduce, -R 1 (us) | ring_shm, -R 1 | ring (p2p), -R 1 | ring_shm, -R 0 | ring (p2p), -R 0 | auto chose, -R 1 |",
+           "|---|---|---|---|---|---|---|"]
+    chose = {a["size"]: a["chose"] for a in autos(shared, "allreduce")}
+    for size in by_size(shared, "allreduce"):
+        r1, r0 = at(shared, "allreduce", size), at(unshared, "allreduce", size)
+        out.append(f"| {lab(size)} | {r1['mpi']['time_us']:.1f} | {r1['ring_shm']['ratio_mpi']:.2f} | "
+                   f"{r1['ring']['ratio_mpi']:.2f} | {r0['ring_shm']['ratio_mpi']:.2f} | {r0['ring']['ratio_mpi']:.2f} | "
+                   f"{chose.get(size, '-')} |")
+    if copy:
+        big = at(shared, "allreduce", max(by_size(shared, "allreduce")))
+        out += ["", f"At {lab(max(by_size(shared, 'allreduce')))} with shared buffers, bus bandwidth / one core's "
+                f"memory copy ({copy:.3g} GB/s, every rank copying at once): "
+                + ", ".join(f"{a} {big[a]['busbw'] / copy:.2f}" for a in ("ring_shm", "ring", "mpi")) + "."]
+    return out
+
+
+def hierarchical_section(d: dict) -> list[str]:
+    out = ["\n## Two hosts of two ranks, 1 Gbit/s HTB per host (`results/multihost-htb-2x2`)", "",
+           f"Hosts {', '.join(d['banner']['hosts'])}: shared memory inside a host, TCP between.", "",
+           "| size | MPI_Allreduce (us) | ring / MPI | hierarchical / MPI | hierarchical / ring | auto chose |",
+           "|---|---|---|---|---|---|"]
+    chose = {a["size"]: a["chose"] for a in autos(d, "allreduce")}
+    for size in by_size(d, "allreduce"):
+        h = at(d, "allreduce", size)
+        out.append(f"| {lab(size)} | {h['mpi']['time_us']:.0f} | {h['ring']['ratio_mpi']:.2f} | "
+                   f"{h['hierarchical']['ratio_mpi']:.2f} | {h['hierarchical']['time_us'] / h['ring']['time_us']:.2f} | "
+                   f"{chose.get(size, '-')} |")
+    return out
+
+
 def main() -> int:
     w = sys.stdout.write
     d = load("p2-allreduce")
@@ -148,6 +189,10 @@ def main() -> int:
         w("\n".join(fresh_section(load("fresh-p2"))) + "\n")
     if (RES / "multihost-htb-p4" / "bench.json").exists():
         w("\n".join(htb_section(load("multihost-htb-p4"))) + "\n")
+    if (RES / "shm-p2-R1" / "bench.json").exists() and (RES / "shm-p2-R0" / "bench.json").exists():
+        w("\n".join(shm_section(load("shm-p2-R0"), load("shm-p2-R1"))) + "\n")
+    if (RES / "multihost-htb-2x2" / "bench.json").exists():
+        w("\n".join(hierarchical_section(load("multihost-htb-2x2"))) + "\n")
     wrong = sum(r["wrong"] for n in ("p2-allreduce", "p2-all", "p4-all") for r in load(n)["rows"])
     w(f"\n#wrong over every row of the three laptop runs: {wrong}.\n")
     return 0
