@@ -22,6 +22,7 @@ from . import auto as _auto
 from . import schedules as _alg
 from . import settings as settings_module
 from .call import Call
+from .device import cai_contiguous, cai_readonly, cai_span, device_backend, is_device
 from .errors import RingmpiError, RingmpiUsageError
 from .ops import SUPPORTED_DTYPES, check_op_dtype
 from .settings import log, settings
@@ -85,7 +86,10 @@ class Edge:
         as plain arrays), after checking it is one ringmpi can send and, if `writable`,
         write."""
         if not isinstance(buf, np.ndarray):
-            self.fail(f"{name}: expected a numpy.ndarray, got {type(buf).__module__}.{type(buf).__name__}")
+            if is_device(buf):
+                return self._device_array(name, buf, writable)
+            self.fail(f"{name}: expected a numpy.ndarray or a device array (__cuda_array_interface__), "
+                      f"got {type(buf).__module__}.{type(buf).__name__}")
         if not buf.flags.c_contiguous:
             self.fail(f"{name} must be C-contiguous (got strides {buf.strides} for shape "
                       f"{buf.shape}); pass np.ascontiguousarray({name})")
@@ -97,6 +101,23 @@ class Edge:
         if writable and not buf.flags.writeable:
             self.fail(f"{name} is read-only; the result needs a writable buffer")
         flat = buf.reshape(-1) if type(buf) is np.ndarray else buf.view(np.ndarray).reshape(-1)
+        return flat if dt.char == canonical.char else flat.view(canonical)
+
+    def _device_array(self, name: str, buf: Any, writable: bool) -> Any:
+        """A device array (`ringmpi.device`), flat, after the same checks as a host one."""
+        if device_backend(buf) is None:
+            self.fail(f"{name}: device arrays of {type(buf).__module__}.{type(buf).__name__} are not supported; "
+                      "expected a cupy array")
+        if not cai_contiguous(buf):
+            self.fail(f"{name} must be C-contiguous (got strides "
+                      f"{buf.__cuda_array_interface__.get('strides')} for shape {buf.shape})")
+        dt = np.dtype(buf.dtype)
+        canonical = _CANONICAL.get((dt.kind, dt.itemsize))
+        if canonical is None or not dt.isnative:
+            self.fail(f"{name} has dtype {dt}; expected one of {', '.join(str(d) for d in SUPPORTED_DTYPES)}")
+        if writable and cai_readonly(buf):
+            self.fail(f"{name} is read-only; the result needs a writable buffer")
+        flat = buf.reshape(-1)
         return flat if dt.char == canonical.char else flat.view(canonical)
 
     def op(self, op: Any, dtype: np.dtype) -> str:
@@ -122,14 +143,23 @@ class Edge:
 
     def recv(self, recvbuf: Any, send: np.ndarray, count: int) -> np.ndarray:
         """The flat result buffer: allocated when None, checked otherwise."""
+        device = not isinstance(send, np.ndarray)
         if recvbuf is None:
-            return np.empty(count, dtype=send.dtype)
+            return device_backend(send).empty(count, send.dtype) if device else np.empty(count, dtype=send.dtype)
         flat = self.array("recvbuf", recvbuf, writable=True)
+        if device != (not isinstance(flat, np.ndarray)):
+            where = ("device", "host") if device else ("host", "device")
+            self.fail(f"recvbuf is in {where[1]} memory, expected {where[0]} memory (the sendbuf's)")
         if flat.dtype != send.dtype:
             self.fail(f"recvbuf has dtype {flat.dtype}, expected {send.dtype} (the sendbuf's)")
         if flat.size != count:
             self.fail(f"recvbuf has {flat.size} elements, expected {count}")
-        if send.size and flat.size and np.may_share_memory(send, flat) and np.shares_memory(send, flat):
+        if device:
+            (a0, a1), (b0, b1) = cai_span(send), cai_span(flat)
+            overlap = send.size and flat.size and a0 < b1 and b0 < a1
+        else:
+            overlap = send.size and flat.size and np.may_share_memory(send, flat) and np.shares_memory(send, flat)
+        if overlap:
             self.fail("recvbuf overlaps sendbuf; pass the same array for in place, or separate buffers")
         return flat
 
@@ -171,13 +201,18 @@ def execute(spec: Any, comm: Any, algorithm: Any, args: dict, key: tuple | None 
         if not st.check or t.size == 1:
             raise
         call, result, problem = None, None, err
+    dev = _device(e, call) if call is not None and not isinstance(call.send, np.ndarray) else None
     t.begin(f"{spec.name}/{algorithm}")
     try:
         if st.check and t.size > 1:
             _agree(e, algorithm, call, problem)
-        alg, call, choice = _resolve(e, spec, algorithm, call)
+        alg, call, choice = _resolve(e, spec, algorithm, call, dev)
         tuner = choice.get("tuner")
-        if tuner is None:
+        if dev is not None:
+            dev.begin()
+            alg.run(dev, call)
+            dev.backend.synchronize()
+        elif tuner is None:
             alg.run(t, call)
         else:  # online tuning: run (and time) the candidate as its plan will serve it
             plan = _algorithm_plan(t, spec, args, alg, call, choice, _slow(spec, comm, algorithm, args))
@@ -190,7 +225,7 @@ def execute(spec: Any, comm: Any, algorithm: Any, args: dict, key: tuple | None 
     if st.debug == "TRACE":
         log(f"{spec.name}/{t.last_choice['algorithm']} rank {t.rank} of {t.size}: {call.count if call else '?'} "
             f"elements, {t.last_choice.get('why')}", "TRACE")
-    if key is not None and not st.check and st.debug != "TRACE":  # TRACE: every call through here, logged
+    if key is not None and dev is None and not st.check and st.debug != "TRACE":  # TRACE: every call logged
         if len(PLANS) >= 4096:
             forget_plans()
         PLANS[key] = _plan(t, spec, comm, algorithm, args, alg, call, choice)
@@ -224,13 +259,30 @@ def _agree(e: Edge, algorithm: str, call: Call | None, problem: Exception | None
         e.fail(f"ranks disagree on this collective call (RINGMPI_CHECK): {verdict}")
 
 
-def _resolve(e: Edge, spec: Any, algorithm: str, call: Call) -> tuple[Any, Call, dict]:
+def _device(e: Edge, call: Call) -> Any:
+    """The transport for a call on device buffers (`ringmpi.device.DeviceGroup`): CUDA-aware
+    when the library can read device memory (`mpicomm.cuda_support`), staged otherwise.
+    RINGMPI_CUDA_AWARE=1 where the library says it cannot is refused here, on every rank,
+    before any message: handing device addresses to such an MPI is a segmentation fault."""
+    backend = device_backend(call.send)
+    support = _mpi().cuda_support()
+    aware = support.aware
+    if settings().cuda_aware == "1" and not aware:
+        if not backend.host_readable:
+            e.fail(f"RINGMPI_CUDA_AWARE=1, but this MPI library cannot read device memory ({support.how}); "
+                   "unset RINGMPI_CUDA_AWARE to stage through the host")
+        aware = True   # the stand-in device array is host memory: any MPI reads it
+    return e.t.device(backend, aware)
+
+
+def _resolve(e: Edge, spec: Any, algorithm: str, call: Call, dev: Any = None) -> tuple[Any, Call, dict]:
     """The algorithm to run (auto's choice, or the named one), the call with its tunables,
-    and the choice (what `last_choice()` reports; under online tuning it holds the tuner)."""
+    and the choice (what `last_choice()` reports; under online tuning it holds the tuner).
+    `dev`: the call is on device buffers and runs on this transport."""
     t = e.t
     if algorithm == "auto":
         try:
-            choice = _auto.choose(t, call)
+            choice = _auto.choose(t, call) if dev is None else _auto.choose_device(t, dev, call)
         except ValueError as err:
             e.fail(str(err))
         name = choice["algorithm"]
@@ -241,7 +293,7 @@ def _resolve(e: Edge, spec: Any, algorithm: str, call: Call) -> tuple[Any, Call,
         alg = _alg.get(spec.name, name)
     except ValueError as err:
         e.fail(str(err))
-    why = alg.why_not(t)
+    why = alg.why_not(t if dev is None else dev)
     if why:
         e.fail(f"algorithm {name!r} cannot run here: {why}")
     if alg.cost is None and not t.native_serves(call.count, spec.elementwise):

@@ -36,6 +36,7 @@ from typing import Any
 from . import schedules as _alg
 from .call import Call
 from .cost import Profile
+from .device import D2H_BETA
 from .settings import Settings, log, settings
 from .transport import forget_plans
 
@@ -135,6 +136,28 @@ def _measured_everywhere(prof: Profile, collective: str, names: list[str], p: in
         return False
     table = prof.measured.get(collective, {})
     return all(table.get(a) and _interp(table[a], nbytes) is not None for a in names)
+
+
+def choose_device(t: Any, dev: Any, call: Call) -> dict:
+    """auto on device buffers (`dev`: the call's `device.DeviceGroup`): RINGMPI_ALGO, else
+    the lowest predicted time under the communicator's profile among the algorithms that
+    run on device buffers, MPI's own paying the whole-buffer staging (n bytes down and up at
+    `device.D2H_BETA`) when the library cannot read device memory. Not tuned online yet:
+    the host's timings do not carry over to device buffers."""
+    collective = call.collective.name
+    forced = settings().forced(collective)
+    if forced is not None:
+        _alg.get(collective, forced)
+        return {"algorithm": forced, "why": "forced by RINGMPI_ALGO", "collective": collective}
+    prof = profile_of(t)
+    choice = _predicted_choice(dev, call, prof, t.native_serves(call.count, call.collective.elementwise))
+    preds = choice["predicted_s"]
+    if "mpi" in preds and not dev.aware:
+        preds["mpi"] += 2 * call.count * call.itemsize * D2H_BETA
+        choice["algorithm"] = min(preds, key=preds.get)
+        choice["why"] += ", MPI's own staged whole"
+    choice.update(collective=collective, bytes=call.count * call.itemsize)
+    return choice
 
 
 def choose(t: Any, call: Call) -> dict:

@@ -14,7 +14,7 @@ import numpy as np
 from .ops import OPS
 
 __all__ = ["ArrayBackend", "NumpyBackend", "NUMPY", "Phantom", "phantom", "PhantomBackend", "PHANTOM",
-           "backend_for", "ScratchPool"]
+           "ScratchPool"]
 
 
 class ArrayBackend(Protocol):
@@ -101,13 +101,6 @@ class PhantomBackend:
 
 
 PHANTOM = PhantomBackend()
-
-
-def backend_for(buf: Any) -> ArrayBackend:
-    """The backend that owns `buf` (numpy only for now; see README 'GPU buffers')."""
-    if isinstance(buf, np.ndarray):
-        return NUMPY
-    raise TypeError(f"expected a numpy.ndarray, got {type(buf).__module__}.{type(buf).__name__}")
 
 
 class ScratchPool:

@@ -389,8 +389,9 @@ def _key(ok: bool, spec: Collective, comm: Any, algorithm: Any, extra: Any, send
     if not ok:
         return None
     try:
-        return (spec, id(comm), algorithm, extra, sendbuf.dtype, sendbuf.shape,
-                None if recvbuf is None else True if recvbuf is sendbuf else (recvbuf.dtype, recvbuf.shape))
+        return (spec, id(comm), algorithm, extra, sendbuf.dtype, sendbuf.shape, type(sendbuf),
+                None if recvbuf is None else True if recvbuf is sendbuf else (recvbuf.dtype, recvbuf.shape,
+                                                                              type(recvbuf)))
     except AttributeError:
         return None
 

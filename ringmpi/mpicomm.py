@@ -32,11 +32,12 @@ from mpi4py import MPI
 
 from . import stall
 from .backend import NUMPY, ArrayBackend, ScratchPool
+from .device import DeviceGroup, Support
 from .ops import OPS, op_name
 from .settings import log, settings
 from .transport import IN_PLACE, LRU, Counters, ReceiveThenReduce, forget_plans, split_nodes
 
-__all__ = ["MPI", "MPITransport", "transport", "world_position", "abort_on_exception", "selection_default", "library_version", "mpi_standard", "mpi4py_version", "INT_MAX"]
+__all__ = ["MPI", "MPITransport", "transport", "world_position", "abort_on_exception", "selection_default", "library_version", "mpi_standard", "mpi4py_version", "INT_MAX", "cuda_support"]
 
 INT_MAX = 2**31 - 1
 _MPI_OPS = {name: getattr(MPI, "SUM" if name == "AVG" else name) for name in OPS}  # AVG: a SUM, then / p
@@ -55,6 +56,52 @@ def mpi_standard() -> str:
 def mpi4py_version() -> str:
     import mpi4py
     return mpi4py.__version__
+
+
+_SUPPORT: dict = {}
+
+
+def cuda_support() -> Any:
+    """Whether this MPI library can read CUDA device memory, and how that was decided
+    (`device.Support`; asked once per process): the MPI-4.1 info key
+    `mpi_memory_alloc_kinds` of COMM_WORLD (lists `cuda:device` when it can), then the
+    non-standard `MPIX_Query_cuda_support()` resolved with ctypes from the loaded library
+    (Open MPI, MPICH), else no (staging is always safe). RINGMPI_CUDA_AWARE=0 stages
+    regardless; =1 is believed only where the library gave no answer."""
+    forced = settings().cuda_aware
+    key = forced
+    if key in _SUPPORT:
+        return _SUPPORT[key]
+    said: Support | None = None
+    info = MPI.COMM_WORLD.Get_info()
+    try:
+        kinds = info.Get("mpi_memory_alloc_kinds")
+    finally:
+        info.Free()
+    if kinds is not None:
+        said = Support("cuda" in kinds.split(",") or any(k.startswith("cuda:") for k in kinds.split(",")),
+                       f"mpi_memory_alloc_kinds = {kinds!r}")
+    else:
+        try:
+            import ctypes
+            fn = ctypes.CDLL(MPI.__file__).MPIX_Query_cuda_support
+            fn.restype = ctypes.c_int
+            said = Support(bool(fn()), f"MPIX_Query_cuda_support() = {fn()}")
+        except (OSError, AttributeError):
+            said = None
+    if forced == "0":
+        out = Support(False, "RINGMPI_CUDA_AWARE=0" + (f"; the library: {said}" if said else ""))
+    elif forced == "1":
+        if said is not None and not said.aware:
+            out = Support(False, f"RINGMPI_CUDA_AWARE=1 refused: {said.how}")
+        else:
+            out = Support(True, "RINGMPI_CUDA_AWARE=1" + (f"; the library: {said.how}" if said else
+                                                            ", the library gives no answer"))
+    else:
+        out = said if said is not None else Support(False, "the library gives no answer (no "
+                                                          "mpi_memory_alloc_kinds, no MPIX_Query_cuda_support)")
+    _SUPPORT[key] = out
+    return out
 
 
 def _pieces(buf: np.ndarray | None, max_count: int) -> list[np.ndarray]:
@@ -98,6 +145,7 @@ class MPITransport(ReceiveThenReduce):
         self.busy = None
         self._shared: Any = None
         self._split: tuple | None = None      # (local group, cross group, node transport, node comm)
+        self._devices: dict = {}              # device backend name -> its DeviceGroup (scratch, staging)
         ub = self.comm.Get_attr(MPI.TAG_UB)
         self._tags = max(2, min(ub if isinstance(ub, int) else 32767, 1 << 30))
 
@@ -321,6 +369,19 @@ class MPITransport(ReceiveThenReduce):
             self._split = (local, cross, node, node_comm)
         return self._split[0], self._split[1]
 
+    def device(self, backend: Any, aware: bool) -> Any:
+        """The transport for calls on `backend`'s device buffers (`ringmpi.device`), made at
+        first use and kept: its device scratch and pinned staging buffers live as long as
+        this communicator."""
+        g = self._devices.get(backend.name)
+        if g is None:
+            prof = self.profile
+            alpha, beta = (prof.alpha, prof.beta) if prof is not None else (5e-6, 1 / 10e9)
+            g = self._devices[backend.name] = DeviceGroup(self, backend, cuda_support(), alpha, beta)
+        g.aware = aware
+        g.chunk_fixed = settings().stage_chunk
+        return g
+
     def hostnames(self) -> list[str]:
         return self.ctl.allgather(MPI.Get_processor_name())
 
@@ -328,6 +389,7 @@ class MPITransport(ReceiveThenReduce):
         """The user's communicator is being freed: free the duplicates and the scratch."""
         self.freed = True
         self.pool = ScratchPool(self.backend)
+        self._devices.clear()
         if self._shared is not None:
             self._shared.release()
             self._shared = None

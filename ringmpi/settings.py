@@ -14,6 +14,10 @@ plans and choices compare against.
     RINGMPI_PROFILE      the profile `auto` reads (default ~/.cache/ringmpi/profile-pP.json)
     RINGMPI_TUNE         1 (default): `auto` learns online, trying the candidates on the first
                          calls of each size; 0: `auto` is the profile's prediction alone
+    RINGMPI_CUDA_AWARE   1: the MPI library reads device memory (refused when the library says
+                         it cannot); 0: stage device buffers through the host; unset: ask
+                         the library (`ringmpi info`)
+    RINGMPI_STAGE_CHUNK  bytes per chunk of the device staging pipeline (default: its formula)
     RINGMPI_ABORT_ON_EXCEPTION  1: an uncaught exception on one rank prints its traceback
                          and aborts the whole job (MPI_Abort) instead of leaving the other
                          ranks waiting; on by default under `python -m ringmpi.launch`
@@ -27,6 +31,7 @@ import sys
 from dataclasses import dataclass
 
 from .errors import RingmpiUsageError
+from .units import parse_size
 
 __all__ = ["Settings", "settings", "reload", "on_reload", "log", "logger", "DEBUG_LEVELS"]
 
@@ -44,6 +49,8 @@ class Settings:
     profile: str = ""
     abort_on_exception: bool = False
     tune: bool = True
+    cuda_aware: str = ""        # "", "0" or "1"
+    stage_chunk: int = 0        # bytes; 0: the staging pipeline's formula
     generation: int = 0
 
     def forced(self, collective: str) -> str | None:
@@ -102,7 +109,28 @@ def _read(env: dict, generation: int) -> Settings:
                     tune=_flag(env, "RINGMPI_TUNE") or env.get("RINGMPI_TUNE", "").strip() == "",
                     stall_warn=_seconds(env, "RINGMPI_STALL_WARN", 60.0),
                     stall_abort=_seconds(env, "RINGMPI_STALL_ABORT", 0.0),
-                    profile=env.get("RINGMPI_PROFILE", ""), generation=generation)
+                    profile=env.get("RINGMPI_PROFILE", ""), cuda_aware=_choice(env, "RINGMPI_CUDA_AWARE"),
+                    stage_chunk=_bytes(env, "RINGMPI_STAGE_CHUNK"), generation=generation)
+
+
+def _choice(env: dict, name: str) -> str:
+    raw = env.get(name, "").strip()
+    if raw not in ("", "0", "1"):
+        raise RingmpiUsageError(f"{name}={raw!r}: expected 0, 1 or unset")
+    return raw
+
+
+def _bytes(env: dict, name: str) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return 0
+    try:
+        value = parse_size(raw)
+    except (ValueError, TypeError):
+        value = 0
+    if value < 1:
+        raise RingmpiUsageError(f"{name}={raw!r}: expected a size in bytes >= 1 (e.g. 1M)")
+    return int(value)
 
 
 _CURRENT: list[Settings] = []

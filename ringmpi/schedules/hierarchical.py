@@ -43,6 +43,8 @@ def _tune(p, count, itemsize, prof) -> dict:
 
 
 def _several_hosts(t) -> str | None:
+    if getattr(t, "on_device", False):
+        return "not on device buffers yet (its node rings run on the host's shared memory)"
     return None if len(set(t.nodes)) > 1 else "needs ranks on more than one host (on one, ring_shm is the same)"
 
 

@@ -29,6 +29,8 @@ SLACK = 8 * 64   # alignment of the arena's pieces
 
 
 def _one_host(t) -> str | None:
+    if getattr(t, "on_device", False):
+        return "device buffers do not go through the host's shared memory"
     hosts = len(set(t.nodes))
     return None if hosts == 1 else f"shared memory needs every rank on one host; these ranks are on {hosts}"
 

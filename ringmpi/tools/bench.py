@@ -198,14 +198,16 @@ def time_interleaved(t, runners: dict[str, Callable[[], object]], iters: int, wa
 
 
 def banner(t: Any) -> dict:
-    from ..mpicomm import library_version, mpi4py_version, mpi_standard
+    from ..mpicomm import cuda_support, library_version, mpi4py_version, mpi_standard
     hosts = t.hostnames()
+    support = cuda_support()
     return {"ringmpi": __version__, "mpi_library": library_version(), "mpi4py": mpi4py_version(),
             "numpy": np.__version__, "python": platform.python_version(), "ranks": t.size,
             "hosts": sorted(set(hosts)), "ranks_per_host": {h: hosts.count(h) for h in sorted(set(hosts))},
             "backend": t.backend.name, "mpi_version": mpi_standard(),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "machine": platform.machine(), "cpus_per_host": os.cpu_count()}
+            "machine": platform.machine(), "cpus_per_host": os.cpu_count(),
+            "cuda_aware": support.aware, "cuda_aware_how": support.how}
 
 
 def _progress(total: int, enabled: bool):
@@ -329,6 +331,7 @@ def _print_banner(info: dict, o: Options, pairs, root, sizes) -> None:
           f"{o.rounds} interleaved rounds per size, median kept")
     if o.register:
         print("# -R 1: every buffer in the host's shared memory (ringmpi.shared_empty)")
+    print(f"# reads CUDA device memory: {'yes' if info['cuda_aware'] else 'no'} ({info['cuda_aware_how']})")
     print(f"# memory copy: {info['copy_GBps']:.3g} GB/s per rank ({size_label(info['copy_bytes'])}B, every rank "
           "copying at once): the bound for collectives within one host")
 

@@ -1,4 +1,4 @@
-"""`ringmpi` / `python -m ringmpi`: bench, calibrate, demo, sim, model, train.
+"""`ringmpi` / `python -m ringmpi`: bench, calibrate, demo, sim, model, train, info.
 
 Only the module of the subcommand you run is imported (and MPI initialised only by the
 subcommands that run collectives), so `ringmpi --help`, `ringmpi model` and `ringmpi sim`
@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "sim": ("explain", "virtual cluster: symbolic rounds, traffic and simulated time (no MPI)"),
     "model": ("explain", "alpha-beta-gamma predictions and the lecture's estimates (no MPI)"),
     "train": ("train", "data-parallel training on ringmpi (under mpirun)"),
+    "info": ("info", "the MPI library, the job's hosts, whether MPI reads GPU memory and how that was decided"),
 }
 
 
