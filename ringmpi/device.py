@@ -37,7 +37,7 @@ from .ops import OPS
 from .transport import Counters, ReceiveThenReduce
 
 __all__ = ["is_device", "device_backend", "FakeDeviceArray", "OpaqueFakeDeviceArray", "FakeDeviceBackend", "CupyBackend", "DeviceGroup",
-           "Support", "chunk_bytes", "cai_span", "D2H_BETA"]
+           "Support", "chunk_bytes", "cupy_backend", "cai_span", "D2H_BETA"]
 
 #: a PCIe Gen4 x16 link's copy rate as the default device<->host staging cost (s/byte)
 D2H_BETA = 1 / 25e9
@@ -280,14 +280,19 @@ class CupyBackend:
 _CUPY: list = []
 
 
+def cupy_backend() -> CupyBackend:
+    """The process's cupy backend (its streams), made at first use; ImportError without cupy."""
+    if not _CUPY:
+        _CUPY.append(CupyBackend())
+    return _CUPY[0]
+
+
 def device_backend(buf: Any) -> Any:
     """The backend of a device array (cupy's is made at the first cupy array)."""
     if isinstance(buf, FakeDeviceArray):
         return FAKE_OPAQUE if isinstance(buf, OpaqueFakeDeviceArray) else FAKE
     if type(buf).__module__.split(".")[0] == "cupy":
-        if not _CUPY:
-            _CUPY.append(CupyBackend())
-        return _CUPY[0]
+        return cupy_backend()
     return None
 
 

@@ -33,6 +33,7 @@ import platform
 import random
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -46,6 +47,7 @@ from ..api import group, mpi_reference
 from ..auto import DEFAULT, profile_of, profile_path, set_profile
 from ..calibrate import Sample, fit_measured, fit_quality, measure_copy, measure_gamma, measure_p2p, unphysical
 from ..collectives import SPECS, Collective
+from ..errors import RingmpiUsageError
 from ..ops import OPS, SUPPORTED_DTYPES, check_op_dtype
 from ..units import SIZE_HELP, size_label
 from . import args
@@ -84,9 +86,10 @@ class Case:
     """One (collective, size) on this rank: its harness calls and their expected result."""
 
     def __init__(self, spec: Collective, nbytes: int, dtype: np.dtype, op: str, root: int, t: Any,
-                 register: bool = False) -> None:
+                 register: bool = False, device: Any = None) -> None:
         self.spec, self.dtype, self.op, self.root, self.t = spec, dtype, op if spec.reduces else None, root, t
         self.register = register
+        self.device = device    # a device backend (ringmpi.device): the calls' buffers live there
         p, r = t.size, t.rank
         self.count = spec.nccl_count(nbytes, dtype.itemsize, p)
         self.size = spec.size(self.count, dtype.itemsize, p)
@@ -97,7 +100,30 @@ class Case:
 
     def make(self, inplace: bool):
         call = self.spec.make(self.t.rank, self.t.size, self.x, op=self.op, root=self.root, inplace=inplace)
+        if self.device is not None:
+            return self._moved(call, lambda n, dt: self.device.empty(n, dt), self.device.wrap)
         return self._shared(call) if self.register else call
+
+    def _moved(self, call: Any, empty: Callable, fill: Callable) -> Any:
+        """The call with its buffers copied to device memory, views kept as views."""
+        moved: dict = {}
+        for a in (call.send, call.recv):
+            if a is not None:
+                base = a if a.base is None else a.base
+                if id(base) not in moved:
+                    moved[id(base)] = (base, fill(base.reshape(-1)))
+
+        def remap(a: Any) -> Any:
+            if a is None:
+                return None
+            base, new = moved[id(a if a.base is None else a.base)]
+            start = (a.ctypes.data - base.ctypes.data) // a.itemsize
+            return new[start:start + a.size].reshape(a.shape)
+        send = remap(call.send)
+        return call._replace(send=send, recv=send if call.recv is call.send else remap(call.recv))
+
+    def host(self, a: Any) -> np.ndarray:
+        return np.asarray(a) if self.device is None else self.device.to_host(a)
 
     def _shared(self, call):
         """The call with its buffers moved into one shared segment of this rank (collective:
@@ -135,7 +161,7 @@ class Case:
         "mpi" (unless `api`) MPI's own as lean as ringmpi can call it: the reference."""
         spec, t = self.spec, self.t
         args = spec.args(call or self.calls[inplace])
-        if algorithm == "mpi" and not api:
+        if algorithm == "mpi" and not api and self.device is None:
             ref = self.refs.get(inplace) or self.refs.setdefault(inplace, mpi_reference(t, spec, args))
             send, recv = args[spec.send_arg], args.get(spec.recv_arg)
             return lambda: ref(send, recv)
@@ -153,9 +179,10 @@ class Case:
         want = self.expected
         bad = 0
         if want is not None:
-            got = np.asarray(self.spec.output(call)).reshape(-1)
+            out = self.spec.output(call)
+            got = self.host(out).reshape(-1) if out is not None else np.empty(0)
             bad = int(np.count_nonzero(got != want)) if got.size == want.size else want.size
-        if not inplace and not np.array_equal(call.send, self.x):
+        if not inplace and not np.array_equal(self.host(call.send).reshape(self.x.shape), self.x):
             bad += self.x.size  # a send buffer must never change
         return bad, sent
 
@@ -256,6 +283,11 @@ class Options:
     register: int = _opt(0, "-R", "--local-register", type=int, choices=[0, 1],
                          help="1: buffers in the host's shared memory (ringmpi.shared_empty, like nccl-tests' "
                               "registered buffers): the shared-memory algorithms send them without a copy")
+    device: str = _opt("", "--device", choices=["", "cuda", "fake"],
+                       help="buffers on a GPU (cuda: cupy arrays) or on the stand-in device (fake: host memory "
+                            "seen only through __cuda_array_interface__, to try the staged path without a GPU); "
+                            "'mpi' is then MPI's own on device buffers: whole buffers staged through the host "
+                            "unless the MPI is CUDA-aware")
     fresh: bool = _opt(False, "--fresh", action="store_true",
                        help="time auto as on a machine with no profile: online tuning from scratch "
                             "(its exploration cost is reported)")
@@ -311,8 +343,9 @@ class Options:
             spec = SPECS[coll]
             if spec.reduces and dtype.kind == "b" and op not in ("LAND", "LOR", "LXOR"):
                 continue
+            on = t.device(_device_of(self), False) if t is not None and self.device else t
             plan.append((spec, [a for a in schedules.names(coll) if (self.algorithms == "all" or a == "mpi"
-                                or a in self.algorithms.split(",")) and not (t and schedules.get(coll, a).why_not(t))]))
+                                or a in self.algorithms.split(",")) and not (on and schedules.get(coll, a).why_not(on))]))
         return plan
 
 
@@ -332,6 +365,11 @@ def _print_banner(info: dict, o: Options, pairs, root, sizes) -> None:
     if o.register:
         print("# -R 1: every buffer in the host's shared memory (ringmpi.shared_empty)")
     print(f"# reads CUDA device memory: {'yes' if info['cuda_aware'] else 'no'} ({info['cuda_aware_how']})")
+    if info.get("device"):
+        how = "straight to MPI (CUDA-aware)" if info["cuda_aware"] else \
+            "staged through pinned host memory, chunked and pipelined; 'mpi' stages whole buffers"
+        print(f"# --device {info['device']}: buffers on the device, reduced there, {how}; device-to-host copy "
+              f"{info['d2h_GBps']:.3g} GB/s (the bound of any staged collective)")
     print(f"# memory copy: {info['copy_GBps']:.3g} GB/s per rank ({size_label(info['copy_bytes'])}B, every rank "
           "copying at once): the bound for collectives within one host")
 
@@ -360,13 +398,39 @@ def _row(case: Case, a: str, ip: bool, timing: tuple, o: Options, bad: int, sent
                 sent_busbw=(sent / tsel / 1e9) if a != "mpi" and tsel > 0 else None, iters=iters)
 
 
+def _device_of(o: Options) -> Any:
+    """The device backend --device names (None: host buffers)."""
+    if not o.device:
+        return None
+    from .. import device as _device
+    if o.device == "fake":
+        return _device.FAKE
+    try:
+        return _device.cupy_backend()
+    except ImportError as e:
+        raise RingmpiUsageError(f"--device cuda needs cupy ({e}); install cupy-cuda12x or cupy-cuda13x") from None
+
+
+def measure_d2h(backend: Any, nbytes: int, rounds: int = 5) -> float:
+    """Device-to-host copy rate (bytes/s, median of `rounds`) into pinned memory: the
+    physical bound of any collective staged through the host."""
+    src, host = backend.empty(nbytes, np.uint8), backend.pinned(nbytes)
+    times = []
+    for _ in range(rounds + 1):
+        t0 = time.perf_counter()
+        backend.d2h(src, host).synchronize()
+        times.append(time.perf_counter() - t0)
+    return nbytes / max(statistics.median(times[1:]), 1e-9)
+
+
 def _sweep(t, o: Options, plan, sizes, dtype, op, root, prog):
     """Time every (collective, size, algorithm, placement) side by side; check each once."""
     rows, samples = [], []
+    device = _device_of(o)
     prof = profile_of(t)
     for spec, algs in plan:
         for nbytes in sizes:
-            case = Case(spec, nbytes, dtype, op, root, t, bool(o.register))
+            case = Case(spec, nbytes, dtype, op, root, t, bool(o.register), device)
             iters, warm = default_iters(case.size)
             iters, warm = o.iters or iters, o.warmup if o.warmup is not None else warm
             runners = {(a, ip): case.runner(a, ip) for a in algs for ip in case.calls}
@@ -400,10 +464,11 @@ def _time_auto(t, o: Options, plan, sizes, dtype, op, root, rows) -> list[dict]:
     candidate (both through ringmpi's API, the same overhead, so the ratio measures the
     choice) and MPI's own (called directly), after auto's exploration if it had one."""
     out = []
+    device = _device_of(o)
     for spec, _ in plan:
         place = "out" if spec.has_out_of_place else "in"
         for nbytes in sizes:
-            case = Case(spec, nbytes, dtype, op, root, t, bool(o.register))
+            case = Case(spec, nbytes, dtype, op, root, t, bool(o.register), device)
             if not case.count:
                 continue
             ip = place == "in"
@@ -516,9 +581,13 @@ def run(o: Options, comm: Any = None) -> int:
         if lead:
             print(f"ringmpi bench: error: -r {o.root}: the root must be a rank below {p}", file=sys.stderr)
         return 2
+    _device_of(o)   # --device cuda without cupy: a usage error before anything runs
     pairs, sizes, info, root = o.pairs(), o.sizes(), banner(t), o.root
     info["copy_bytes"] = min(64 << 20, max(sizes[-1], 1 << 20))
     info["copy_GBps"] = measure_copy(t, info["copy_bytes"]) / 1e9
+    if o.device:
+        info["device"], info["backend"] = o.device, _device_of(o).name
+        info["d2h_GBps"] = measure_d2h(_device_of(o), info["copy_bytes"]) / 1e9
     dtype, op = pairs[0]
     if lead:
         _print_banner(info, o, pairs, root, sizes)

@@ -113,3 +113,25 @@ def test_average_mode_json_and_bands(shared_dir, capsys):
         rows = json.loads(path.read_text())["rows"]
         assert rows and all(r["time_us"] == r["time_max_us"] >= r["time_avg_us"] >= r["time_min_us"] for r in rows)
         assert "# fastest by size band, allreduce: " in capsys.readouterr().out
+
+
+def test_bench_on_the_stand_in_device(shared_dir, capsys):
+    """--device fake: every collective on device buffers (staged, reduced on the device),
+    checked (#wrong 0), MPI's own staged whole as the reference, the D2H rate in the banner;
+    --device cuda without cupy is a one-line usage error."""
+    rc = main(["bench", *ARGS, "--device", "fake", "--out", str(shared_dir / "d")])
+    assert COMM.allgather(rc) == [0] * P
+    if R == 0:
+        out = capsys.readouterr().out
+        assert "# --device fake: buffers on the device" in out and "device-to-host copy" in out
+        data = json.loads((shared_dir / "d" / "bench.json").read_text())
+        assert data["banner"]["backend"] == "fake-device" and data["banner"]["d2h_GBps"] > 0
+        rows = data["rows"]
+        assert {r["collective"] for r in rows} == set(SPECS) and all(r["wrong"] == 0 for r in rows)
+        assert not {r["algorithm"] for r in rows} & {"ring_shm", "pipeline_shm", "hierarchical"}
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        assert main(["bench", *ARGS, "--device", "cuda"]) == 2
+        if R == 0:
+            assert "--device cuda needs cupy" in capsys.readouterr().err
