@@ -32,8 +32,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .backend import ScratchPool
-from .ops import OPS
+from .backend import NUMPY, ScratchPool
 from .transport import Counters, ReceiveThenReduce
 
 __all__ = ["is_device", "device_backend", "FakeDeviceArray", "OpaqueFakeDeviceArray", "FakeDeviceBackend", "CupyBackend", "DeviceGroup",
@@ -174,7 +173,7 @@ class FakeDeviceBackend:
         np.copyto(dst._a, src._a)
 
     def combine(self, op: str, a: Any, b: Any, out: Any) -> None:
-        OPS[op](a._a, b._a, out=out._a)
+        NUMPY.combine(op, a._a, b._a, out._a)
 
     def scale(self, buf: Any, divisor: int) -> None:
         np.true_divide(buf._a, divisor, out=buf._a)
@@ -223,14 +222,12 @@ class CupyBackend:
         self.cp = cupy
         self.d2h_stream = cupy.cuda.Stream(non_blocking=True)
         self.h2d_stream = cupy.cuda.Stream(non_blocking=True)
-        self._ops = {"SUM": cupy.add, "PROD": cupy.multiply, "MAX": cupy.fmax, "MIN": cupy.fmin,
+        # the same element-wise operations as the host's (ringmpi.ops.OPS): MAX and MIN
+        # propagate NaN as numpy's maximum/minimum do, every rank computes the same bits
+        self._ops = {"SUM": cupy.add, "PROD": cupy.multiply, "MAX": cupy.maximum, "MIN": cupy.minimum,
                      "LAND": cupy.logical_and, "LOR": cupy.logical_or, "LXOR": cupy.logical_xor,
                      "BAND": cupy.bitwise_and, "BOR": cupy.bitwise_or, "BXOR": cupy.bitwise_xor,
                      "AVG": cupy.add}
-        self._nan_max = cupy.ElementwiseKernel("T a, T b", "T c", "c = (a != a) ? a : ((b != b) ? b : (a > b ? a : b))",
-                                               "ringmpi_nanmax")
-        self._nan_min = cupy.ElementwiseKernel("T a, T b", "T c", "c = (a != a) ? a : ((b != b) ? b : (a < b ? a : b))",
-                                               "ringmpi_nanmin")
 
     def empty(self, n: int, dtype: Any) -> Any:
         return self.cp.empty(n, dtype)
@@ -239,12 +236,6 @@ class CupyBackend:
         self.cp.copyto(dst, src)
 
     def combine(self, op: str, a: Any, b: Any, out: Any) -> None:
-        if op in ("MAX", "MIN") and out.dtype.kind in "fc":   # NaN propagates, as on the host
-            (self._nan_max if op == "MAX" else self._nan_min)(a, b, out)
-            return
-        if op in ("LAND", "LOR", "LXOR"):
-            out[...] = self._ops[op](a, b)
-            return
         self._ops[op](a, b, out=out)
 
     def scale(self, buf: Any, divisor: int) -> None:
@@ -265,7 +256,7 @@ class CupyBackend:
 
     def d2h(self, src: Any, host: np.ndarray) -> Any:
         with self.d2h_stream:
-            src.get(stream=self.d2h_stream, out=host.view(src.dtype))
+            src.get(stream=self.d2h_stream, out=host.view(src.dtype), blocking=False)
             return self.d2h_stream.record()
 
     def h2d(self, host: np.ndarray, dst: Any) -> Any:
