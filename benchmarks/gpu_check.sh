@@ -5,7 +5,8 @@
 #   1. `ringmpi info` (does this MPI read device memory, and how that was decided)
 #   2. tests/gpu at 2 and 4 ranks sharing the one GPU
 #   3. device reduction rate against numpy's on the host (1 MiB .. 256 MiB)
-#   4. `ringmpi bench --device cuda`, all-reduce 64 KiB .. 256 MiB on 2 ranks: ring staged in
+#   4. `ringmpi train --device cuda --compare` (replicas identical, distance to one process)
+#   5. `ringmpi bench --device cuda`, all-reduce 64 KiB .. 256 MiB on 2 ranks: ring staged in
 #      chunks against MPI's own on whole staged buffers, with the device-to-host copy rate
 # and writes every report under OUT (default results/gpu-check).
 #   Here, with internet, once:  bash benchmarks/gpu_check.sh --fetch   (wheels into .whl/)
@@ -56,6 +57,8 @@ for n in (1 << 20, 16 << 20, 256 << 20):
     td = best(lambda: be.combine("SUM", da, db, dout), cp.cuda.Device().synchronize)
     print(f"{n >> 20:4d} MiB  {3 * n / th / 1e9:12.1f}  {3 * n / td / 1e9:13.1f}  {th / td:14.1f}x")
 PY
+launch 2 $PY -m ringmpi train --device cuda --model mlp --sizes 256,512,512,10 --samples 2048 --batch 256 \
+  --steps 20 --compare --quiet 2>&1 | tee "$OUT/train.txt" || status=1
 launch 2 $PY -m ringmpi bench --device cuda -C allreduce -A ring,rabenseifner -b 64K -e 256M -f 4 --rounds 3 \
   --no-progress --out "$OUT/bench-p2" 2>&1 | tee "$OUT/bench-p2.txt" || status=1
 echo "gpu_check: exit $status; reports in $OUT"

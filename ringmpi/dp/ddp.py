@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import collectives as api
 from ..api import group
+from .arrays import module_of, to_host
 
 __all__ = ["partition_indices", "DataParallel", "save_checkpoint", "load_checkpoint"]
 
@@ -52,11 +53,13 @@ class DataParallel:
         # one persistent buffer per bucket, in the host's shared memory when every rank is on
         # one host (the shared-memory all-reduce then sends and fills it without a copy, as
         # NCCL does with registered buffers), else a plain array
-        one_host = self.t.size > 1 and len(set(self.t.nodes)) == 1
+        # (on a GPU: device buffers, all-reduced on the device, staged or CUDA-aware)
+        self.xp = module_of(next(iter(self.params.values()))) if self.params else np
+        one_host = self.t.size > 1 and len(set(self.t.nodes)) == 1 and self.xp is np
         self.flats = []
         for b in self.buckets:
-            n, dt = sum(self.params[k].size for k in b), np.result_type(*(self.params[k] for k in b))
-            self.flats.append(api.shared_empty(n, dt, comm=comm) if one_host else np.empty(n, dt))
+            n, dt = sum(self.params[k].size for k in b), np.result_type(*(self.params[k].dtype for k in b))
+            self.flats.append(api.shared_empty(n, dt, comm=comm) if one_host else self.xp.empty(n, dt))
         self.allreduce_calls = 0
         self._sync = True
         self.zero_grad()
@@ -77,7 +80,7 @@ class DataParallel:
         return buckets
 
     def zero_grad(self) -> None:
-        self.grads = {k: np.zeros_like(v) for k, v in self.params.items()}
+        self.grads = {k: self.xp.zeros_like(v) for k, v in self.params.items()}
         self.seen = {k: False for k in self.params}
         self.loss_sum, self.count = 0.0, 0
 
@@ -123,7 +126,7 @@ class DataParallel:
             if not names_b:
                 continue
             flat = whole[:sum(self.grads[k].size for k in names_b)]
-            np.concatenate([self.grads[k].reshape(-1) for k in names_b], out=flat)
+            self.xp.concatenate([self.grads[k].reshape(-1) for k in names_b], out=flat)
             api.allreduce(flat, flat, comm=self.comm, algorithm=self.algorithm)
             self.allreduce_calls += 1
             scale = 1.0 / scalars[1] if self.weighting == "global" else 1.0 / p
@@ -150,8 +153,8 @@ class DataParallel:
 def save_checkpoint(path: str | Path, ddp: DataParallel, optimizer, step: int) -> None:
     """Rank 0 writes parameters, optimizer state and the step (the data order derives from it)."""
     if ddp.t.rank == 0:
-        arrays = {f"param:{k}": v for k, v in ddp.params.items()}
-        arrays.update({f"opt:{k}": np.asarray(v) for k, v in optimizer.state.items()})
+        arrays = {f"param:{k}": to_host(v) for k, v in ddp.params.items()}
+        arrays.update({f"opt:{k}": to_host(v) for k, v in optimizer.state.items()})
         np.savez(path, step=np.array(step), **arrays)
     ddp.t.barrier()
 
@@ -159,7 +162,9 @@ def save_checkpoint(path: str | Path, ddp: DataParallel, optimizer, step: int) -
 def load_checkpoint(path: str | Path, ddp: DataParallel, optimizer) -> int:
     """Every rank loads rank 0's file (shared file system); returns the step to resume at."""
     with np.load(path) as z:
+        xp = ddp.xp
         for k in ddp.params:
-            ddp.params[k][...] = z[f"param:{k}"]
-        optimizer.load_state({k[4:]: z[k] for k in z.files if k.startswith("opt:")})
+            ddp.params[k][...] = xp.asarray(z[f"param:{k}"])
+        optimizer.load_state({k[4:]: z[k] if k == "opt:t" else xp.asarray(z[k]) for k in z.files
+                              if k.startswith("opt:")})
         return int(z["step"])

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .arrays import module_of
+
 __all__ = ["SGD", "Adam"]
 
 
@@ -14,7 +16,7 @@ class SGD:
     def step(self, params: dict, grads: dict) -> None:
         for k, g in grads.items():
             if self.momentum:
-                v = self.state.setdefault(k, np.zeros_like(g))
+                v = self.state.setdefault(k, module_of(g).zeros_like(g))
                 v *= self.momentum
                 v += g
                 g = v
@@ -35,13 +37,14 @@ class Adam:
         self.state["t"] = np.array(self.t)
         c1, c2 = 1 - self.b1 ** self.t, 1 - self.b2 ** self.t
         for k, g in grads.items():
-            m = self.state.setdefault("m:" + k, np.zeros_like(g))
-            v = self.state.setdefault("v:" + k, np.zeros_like(g))
+            xp = module_of(g)
+            m = self.state.setdefault("m:" + k, xp.zeros_like(g))
+            v = self.state.setdefault("v:" + k, xp.zeros_like(g))
             m *= self.b1
             m += (1 - self.b1) * g
             v *= self.b2
             v += (1 - self.b2) * g * g
-            params[k] -= self.lr * (m / c1) / (np.sqrt(v / c2) + self.eps)
+            params[k] -= self.lr * (m / c1) / (xp.sqrt(v / c2) + self.eps)
 
     def load_state(self, state: dict) -> None:
         self.state = {k: v.copy() for k, v in state.items()}

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .arrays import to_host
 from .ddp import DataParallel, partition_indices
 from .data import char_sequences, classification
 from .models import MLP, CharRNN
@@ -25,14 +26,16 @@ class Task:
     take: Callable[[Any, list[int]], Any]   # batch from indices
 
 
-def make_task(model: str = "mlp", dtype=np.float64, seed: int = 0, sizes=(16, 32, 32, 4), samples: int = 512) -> Task:
+def make_task(model: str = "mlp", dtype=np.float64, seed: int = 0, sizes=(16, 32, 32, 4), samples: int = 512,
+              device: str = "cpu") -> Task:
+    """The data (on the host) and a model factory (parameters on `device`: "cpu" or "cuda")."""
     if model == "mlp":
         x, y = classification(samples, sizes[0], sizes[-1], seed=seed, dtype=dtype)
-        return Task(lambda: MLP(list(sizes), seed=seed, dtype=dtype), (x, y), len(y),
+        return Task(lambda: MLP(list(sizes), seed=seed, dtype=dtype, device=device), (x, y), len(y),
                     lambda d, idx: (d[0][idx], d[1][idx]))
     if model == "rnn":
         seqs, vocab = char_sequences(seed=seed)
-        return Task(lambda: CharRNN(len(vocab), 24, seed=seed, dtype=dtype), seqs, len(seqs),
+        return Task(lambda: CharRNN(len(vocab), 24, seed=seed, dtype=dtype, device=device), seqs, len(seqs),
                     lambda d, idx: [d[i] for i in idx])
     raise ValueError(f"unknown model {model!r}; expected 'mlp' or 'rnn'")
 
@@ -88,9 +91,9 @@ def params_digest(params: dict) -> str:
     h = hashlib.sha256()
     for k in params:
         h.update(k.encode())
-        h.update(np.ascontiguousarray(params[k]).tobytes())
+        h.update(np.ascontiguousarray(to_host(params[k])).tobytes())
     return h.hexdigest()
 
 
 def max_diff(a: dict, b: dict) -> float:
-    return max(float(np.max(np.abs(a[k] - b[k]))) if a[k].size else 0.0 for k in a)
+    return max(float(np.max(np.abs(to_host(a[k]) - to_host(b[k])))) if a[k].size else 0.0 for k in a)

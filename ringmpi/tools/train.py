@@ -13,7 +13,9 @@ import numpy as np
 
 from ..api import algorithms, group
 from ..auto import profile_of
+from ..dp.arrays import DEVICES
 from ..dp.ps import async_sgd_study
+from ..errors import RingmpiUsageError
 from ..dp.train import make_task, max_diff, params_digest, train_dp, train_single
 from ..model import dp_step
 from . import args
@@ -95,11 +97,15 @@ def _run(ns) -> int:
         return _staleness()
     t = group()
     dtype = np.dtype(ns.dtype)
-    task = make_task(ns.model, dtype, ns.seed, tuple(ns.sizes), ns.samples)
+    try:
+        task = make_task(ns.model, dtype, ns.seed, tuple(ns.sizes), ns.samples, ns.device)
+        task.make_model()   # cupy present (device cuda)? before any rank trains
+    except ImportError as e:
+        raise RingmpiUsageError(f"--device {ns.device}: {e}") from None
     kw = dict(optimizer=ns.optimizer, lr=ns.lr, momentum=ns.momentum, seed=ns.seed)
     if t.rank == 0 and not ns.quiet:
         print(f"# ringmpi train: {ns.model}, {t.size} ranks, global batch {ns.batch}, {ns.steps} steps, "
-              f"{dtype.name}, all-reduce algorithm {ns.algorithm}")
+              f"{dtype.name} on {ns.device}, all-reduce algorithm {ns.algorithm}")
     ddp, elapsed = _train(ns, t, task, kw)
     same = len(set(t.allgather_obj(params_digest(ddp.params)))) == 1
     if t.rank == 0:
@@ -135,6 +141,8 @@ def add_parser(sub, name: str = "train", text: str = "") -> None:
     a.add_argument("--steps", type=_positive(int), default=20, help="training steps")
     a.add_argument("--batch", type=_positive(int), default=64, help="global batch (split over the ranks)")
     a.add_argument("--dtype", choices=["float32", "float64"], default="float64", help="parameter type")
+    a.add_argument("--device", choices=list(DEVICES), default="cpu",
+                   help="where parameters and gradients live (cuda: cupy arrays, all-reduced on the GPU)")
     a.add_argument("--algorithm", choices=algorithms("allreduce") + ["auto"], default="ring",
                    help="all-reduce algorithm for the gradients")
     a.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd", help="optimizer")
