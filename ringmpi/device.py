@@ -187,6 +187,10 @@ class FakeDeviceBackend:
     def pinned(self, nbytes: int) -> np.ndarray:
         return np.empty(nbytes, np.uint8)
 
+    def ptr(self, buf: Any) -> int:
+        """The buffer's address (what a CUDA-aware MPI is handed)."""
+        return buf._a.ctypes.data
+
     def d2h(self, src: Any, host: np.ndarray) -> _Event:
         """Copy device `src` into the host bytes `host` (pinned), asynchronously: the event."""
         np.copyto(host.view(src.dtype), src._a.reshape(-1))
@@ -253,6 +257,9 @@ class CupyBackend:
 
     def ready(self) -> None:
         self.cp.cuda.get_current_stream().synchronize()
+
+    def ptr(self, buf: Any) -> int:
+        return buf.data.ptr
 
     def d2h(self, src: Any, host: np.ndarray) -> Any:
         with self.d2h_stream:
@@ -362,9 +369,11 @@ class DeviceGroup(ReceiveThenReduce):
             sendbuf = None
         if source is None:
             recvbuf = None
-        if self.aware:
+        if self.aware:   # addresses, not arrays: mpi4py would parse each array's interface (microseconds)
             self.backend.ready()
-            self.parent.sendrecv(sendbuf, dest, recvbuf, source)
+            ptr = self.backend.ptr
+            self.parent.sendrecv_bytes(None if sendbuf is None else (ptr(sendbuf), sendbuf.nbytes), dest,
+                                       None if recvbuf is None else (ptr(recvbuf), recvbuf.nbytes), source)
             return
         self._staged(sendbuf, dest, recvbuf, source)
 

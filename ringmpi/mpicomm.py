@@ -104,6 +104,10 @@ def cuda_support() -> Any:
     return out
 
 
+def _fromaddress(address: int, nbytes: int) -> Any:
+    return MPI.buffer.fromaddress(address, nbytes) if nbytes else MPI.buffer.fromaddress(address or 1, 0)
+
+
 def _pieces(buf: np.ndarray | None, max_count: int) -> list[np.ndarray]:
     """Split a message longer than max_count elements (MPI counts are C ints)."""
     if buf is None:
@@ -183,6 +187,27 @@ class MPITransport(ReceiveThenReduce):
             if s is not None:
                 self.counters.messages += 1
                 self.counters.bytes_sent += s.nbytes
+
+    def sendrecv_bytes(self, send: tuple[int, int] | None, dest: int | None,
+                       recv: tuple[int, int] | None, source: int | None) -> None:
+        """One MPI_Sendrecv of raw memory given as (address, bytes), MPI_BYTE (a CUDA-aware
+        MPI: device addresses; split above the C-int count limit)."""
+        self.counters.calls += 1
+        if dest is None:
+            send = None
+        if source is None:
+            recv = None
+        tag, step = self.tag, self.max_count
+        s_n = send[1] if send else 0
+        r_n = recv[1] if recv else 0
+        for lo in range(0, max(s_n, r_n, 1), step):
+            s = [_fromaddress(send[0] + lo, min(step, s_n - lo)), MPI.BYTE] if send and lo < s_n else None
+            r = [_fromaddress(recv[0] + lo, min(step, r_n - lo)), MPI.BYTE] if recv and lo < r_n else None
+            self.comm.Sendrecv(s, MPI.PROC_NULL if s is None else dest, tag,
+                               r, MPI.PROC_NULL if r is None else source, tag)
+            if s is not None:
+                self.counters.messages += 1
+                self.counters.bytes_sent += min(step, s_n - lo)
 
     def exchange(self, sends: Sequence[tuple[np.ndarray, int]],
                  recvs: Sequence[tuple[np.ndarray, int]]) -> None:

@@ -185,3 +185,19 @@ def test_chunk_formula_is_the_pipeline_optimum():
         t = lambda k: (k + 2) * (alpha + n / k * beta)     # noqa: E731
         best = min(t(k) for k in range(1, 4096))
         assert t(max(1, round(n / c))) <= 1.02 * best or c in (64 << 10, 16 << 20), (n, c)
+
+
+def test_raw_sendrecv_splits_above_the_count_limit():
+    """The CUDA-aware path hands MPI addresses (MPI_BYTE); above the C-int limit (here a
+    transport whose limit is 7) a message goes in pieces that land in order."""
+    t = mpicomm.MPITransport(COMM, max_count=7)
+    try:
+        t.begin("raw")
+        send = np.arange(40, dtype=np.uint8) + R
+        recv = np.zeros(40, np.uint8)
+        t.sendrecv_bytes((send.ctypes.data, send.nbytes), (R + 1) % P, (recv.ctypes.data, recv.nbytes), (R - 1) % P)
+        assert np.array_equal(recv, np.arange(40, dtype=np.uint8) + (R - 1) % P)
+        assert t.counters.messages == 6   # 40 bytes in pieces of at most 7
+        t.end()
+    finally:
+        t.release()
