@@ -16,3 +16,5 @@ run 4 -b 1K -e 16M -f 4 --out "$OUT/p4-all" | tee "$OUT/p4-all.txt"
 for R in 0 1; do
   run 2 -C allreduce -A ring,ring_shm -b 256K -e 64M -f 4 --rounds 7 -R $R --out "$OUT/shm-p2-R$R" | tee "$OUT/shm-p2-R$R.txt"
 done
+# 4. a machine with no profile: auto tuning itself online, and the per-call overhead
+run 2 -C allreduce,reduce_scatter,allgather,broadcast -b 8 -e 64M -f 8 --rounds 5 --fresh --out "$OUT/fresh-p2" | tee "$OUT/fresh-p2.txt"
