@@ -208,14 +208,10 @@ def execute(spec: Any, comm: Any, algorithm: Any, args: dict, key: tuple | None 
             _agree(e, algorithm, call, problem)
         alg, call, choice = _resolve(e, spec, algorithm, call, dev)
         tuner = choice.get("tuner")
-        if dev is not None:
-            dev.begin()
-            alg.run(dev, call)
-            dev.backend.synchronize()
-        elif tuner is None:
-            alg.run(t, call)
+        if tuner is None:
+            _run_body(t, dev, alg, call)
         else:  # online tuning: run (and time) the candidate as its plan will serve it
-            plan = _algorithm_plan(t, spec, args, alg, call, choice, _slow(spec, comm, algorithm, args))
+            plan = _algorithm_plan(t, spec, args, alg, call, choice, _slow(spec, comm, algorithm, args), dev=dev)
             t0 = time.perf_counter()
             result = plan(args[spec.send_arg], args.get(spec.recv_arg))
             if choice["timed"] and tuner.done(t, alg.name, time.perf_counter() - t0):
@@ -225,11 +221,21 @@ def execute(spec: Any, comm: Any, algorithm: Any, args: dict, key: tuple | None 
     if st.debug == "TRACE":
         log(f"{spec.name}/{t.last_choice['algorithm']} rank {t.rank} of {t.size}: {call.count if call else '?'} "
             f"elements, {t.last_choice.get('why')}", "TRACE")
-    if key is not None and dev is None and not st.check and st.debug != "TRACE":  # TRACE: every call logged
+    if key is not None and not st.check and st.debug != "TRACE":  # TRACE: every call through here, logged
         if len(PLANS) >= 4096:
             forget_plans()
-        PLANS[key] = _plan(t, spec, comm, algorithm, args, alg, call, choice)
+        PLANS[key] = _plan(t, spec, comm, algorithm, args, alg, call, choice, dev)
     return result
+
+
+def _run_body(t: Any, dev: Any, alg: Any, call: Call) -> None:
+    """The algorithm on the host transport, or on the device one (device buffers)."""
+    if dev is None:
+        alg.run(t, call)
+        return
+    dev.begin()
+    alg.run(dev, call)
+    dev.backend.synchronize()
 
 
 def _fingerprint(algorithm: str, call: Call) -> tuple:
@@ -282,7 +288,7 @@ def _resolve(e: Edge, spec: Any, algorithm: str, call: Call, dev: Any = None) ->
     t = e.t
     if algorithm == "auto":
         try:
-            choice = _auto.choose(t, call) if dev is None else _auto.choose_device(t, dev, call)
+            choice = _auto.choose(t if dev is None else dev, call)
         except ValueError as err:
             e.fail(str(err))
         name = choice["algorithm"]
@@ -315,20 +321,22 @@ def _with_tunables(t: Any, alg: Any, call: Call) -> Call:
     return call._replace(params=tuple(sorted({**tuned, **dict(call.params)}.items())))
 
 
-def _plan(t: Any, spec: Any, comm: Any, algorithm: str, args: dict, alg: Any, call: Call, choice: dict):
+def _plan(t: Any, spec: Any, comm: Any, algorithm: str, args: dict, alg: Any, call: Call, choice: dict,
+          dev: Any = None):
     """A callable plan(sendbuf, recvbuf) -> result for the next calls with the same shape.
     Plans keep no buffer of the call they were made from (a cache must not keep a user's
     arrays alive): only their shapes, through the key and the arguments' other values."""
     tuner, slow = choice.get("tuner"), _slow(spec, comm, algorithm, spec.with_buffers(args, None, None))
     if tuner is not None and tuner.winner is None:
         stub = call._replace(send=np.empty(0, call.dtype), recv=None)   # the dtype, not the memory
-        return _exploring_plan(t, spec, spec.with_buffers(args, None, None), stub, tuner, slow)
+        return _exploring_plan(t, spec, spec.with_buffers(args, None, None), stub, tuner, slow, dev)
     if tuner is not None:  # auto, settled by online tuning: the winner's plan, monitored
         alg, choice = _alg.get(spec.name, tuner.winner), tuner.choice(tuner.winner)
-    return _algorithm_plan(t, spec, args, alg, call, choice, slow, tuner)
+    return _algorithm_plan(t, spec, args, alg, call, choice, slow, tuner, dev)
 
 
-def _exploring_plan(t: Any, spec: Any, args: dict, call: Call, tuner: Any, slow: Callable) -> Callable:
+def _exploring_plan(t: Any, spec: Any, args: dict, call: Call, tuner: Any, slow: Callable,
+                    dev: Any = None) -> Callable:
     """auto while online tuning explores: each call runs (and times) the tuner's next
     candidate through that candidate's own plan, so that exploring costs what the
     candidates cost and no more; the decision empties the plan cache."""
@@ -341,7 +349,7 @@ def _exploring_plan(t: Any, spec: Any, args: dict, call: Call, tuner: Any, slow:
         if plan is None:   # built from this call's buffers (same shapes as every call of the plan)
             alg = _alg.get(spec.name, name)
             plan = plans[name] = _algorithm_plan(t, spec, spec.with_buffers(args, sendbuf, recvbuf), alg,
-                                                 _with_tunables(t, alg, call), choice, slow)
+                                                 _with_tunables(t, alg, call), choice, slow, dev=dev)
         t0 = time.perf_counter()
         out = plan(sendbuf, recvbuf)
         if tuner.done(t, name, time.perf_counter() - t0):
@@ -358,11 +366,12 @@ def _slow(spec: Any, comm: Any, algorithm: str, args: dict) -> Callable:
 
 
 def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice: dict, slow: Callable,
-                    tuner: Any = None) -> Callable:
+                    tuner: Any = None, dev: Any = None) -> Callable:
     """MPI's own called straight with the user's arrays where the spec knows how (`direct`),
     else the body after a fresh validation of the buffers (the arguments are known good).
-    Under a tuner every call counts down to the next timed one (`monitored`)."""
-    if alg.cost is None and t.native_serves(call.count, spec.elementwise) and call.op != "AVG" and not (
+    Under a tuner every call counts down to the next timed one (`monitored`). `dev`: the
+    call is on device buffers, which never go to MPI without their transport."""
+    if dev is None and alg.cost is None and t.native_serves(call.count, spec.elementwise) and call.op != "AVG" and not (
             call.op in ("MAX", "MIN") and call.dtype.kind == "f"):
         fast = spec.direct(t, call, args, choice, slow, tuner)
         if fast is not None:
@@ -377,9 +386,11 @@ def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice:
             if not tuner.left:
                 return monitored(t, tuner, run, sendbuf, recvbuf)
         c, result = spec.prepare(Edge(spec.name, t), **spec.with_buffers(bare, sendbuf, recvbuf))
+        if dev is not None and (isinstance(c.send, np.ndarray) or device_backend(c.send) is not dev.backend):
+            return slow(sendbuf, recvbuf)   # not the memory this plan was made for
         t.begin(label)
         try:
-            alg.run(t, c._replace(params=params))
+            _run_body(t, dev, alg, c._replace(params=params))
         finally:
             t.end()
         t.last_choice = choice

@@ -81,8 +81,9 @@ def set_profile(t: Any, prof: Profile) -> None:
     if nodes and len(set(nodes)) > 1:
         prof = replace(prof, per_node=max(nodes.count(h) for h in set(nodes)))
     t.profile = prof
-    t.choices.clear()
-    t.tuners.clear()
+    for g in [t, *getattr(t, "devices", {}).values()]:   # the device calls' choices too
+        g.choices.clear()
+        g.tuners.clear()
     forget_plans()
 
 
@@ -138,35 +139,15 @@ def _measured_everywhere(prof: Profile, collective: str, names: list[str], p: in
     return all(table.get(a) and _interp(table[a], nbytes) is not None for a in names)
 
 
-def choose_device(t: Any, dev: Any, call: Call) -> dict:
-    """auto on device buffers (`dev`: the call's `device.DeviceGroup`): RINGMPI_ALGO, else
-    the lowest predicted time under the communicator's profile among the algorithms that
-    run on device buffers, MPI's own paying the whole-buffer staging (n bytes down and up at
-    `device.D2H_BETA`) when the library cannot read device memory. Not tuned online yet:
-    the host's timings do not carry over to device buffers."""
-    collective = call.collective.name
-    forced = settings().forced(collective)
-    if forced is not None:
-        _alg.get(collective, forced)
-        return {"algorithm": forced, "why": "forced by RINGMPI_ALGO", "collective": collective}
-    prof = profile_of(t)
-    choice = _predicted_choice(dev, call, prof, t.native_serves(call.count, call.collective.elementwise))
-    preds = choice["predicted_s"]
-    if "mpi" in preds and not dev.aware:
-        preds["mpi"] += 2 * call.count * call.itemsize * D2H_BETA
-        choice["algorithm"] = min(preds, key=preds.get)
-        choice["why"] += ", MPI's own staged whole"
-    choice.update(collective=collective, bytes=call.count * call.itemsize)
-    return choice
-
-
 def choose(t: Any, call: Call) -> dict:
     """What `auto` runs for this call (identical on every rank): {"algorithm", "why", ...};
     under online tuning also "tuner" (the bucket's `Tuner`) and "timed" (time this call)."""
     st = settings()
     collective = call.collective.name
     nbytes = call.count * call.itemsize
-    key = (collective, str(call.dtype), call.op, nbytes.bit_length(), call.params)
+    # device buffers (t a `device.DeviceGroup`) are tuned and learned apart: "cupy:float32"
+    where = getattr(t, "memory", "")
+    key = (collective, where + str(call.dtype), call.op, nbytes.bit_length(), call.params)
     forced = st.forced(collective)
     tuner = t.tuners.get(key) if st.tune and forced is None else None
     if tuner is not None:
@@ -189,6 +170,11 @@ def choose(t: Any, call: Call) -> dict:
                 tuner = t.tuners.put(key, Tuner(key, names, t.rank == 0 and st.info, learned))
                 return tuner.pick()
             choice = _predicted_choice(t, call, prof, native_ok)
+            preds = choice["predicted_s"]
+            if where and "mpi" in preds and not t.aware:   # MPI's own on staged whole buffers
+                preds["mpi"] += 2 * nbytes * D2H_BETA
+                choice["algorithm"] = min(preds, key=preds.get)
+                choice["why"] += ", MPI's own staged whole"
         choice.update(collective=collective, bytes=nbytes)
         t.choices.put(ckey, choice)
         if st.info and t.rank == 0:

@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .backend import NUMPY, ScratchPool
-from .transport import Counters, ReceiveThenReduce
+from .transport import LRU, Counters, ReceiveThenReduce
 
 __all__ = ["is_device", "device_backend", "FakeDeviceArray", "OpaqueFakeDeviceArray", "FakeDeviceBackend", "CupyBackend", "DeviceGroup",
            "Support", "chunk_bytes", "cupy_backend", "cai_span", "D2H_BETA"]
@@ -312,12 +312,33 @@ class DeviceGroup(ReceiveThenReduce):
         self.chunk_fixed = 0            # RINGMPI_STAGE_CHUNK (bytes), 0: chunk_bytes()
         self._host: list[np.ndarray] = []   # pinned staging buffers, grow-only: 2 send + 2 receive
         self.staged_bytes = 0
+        self.memory = backend.name + ":"    # auto tunes device calls apart from host ones
+        self.tuners = LRU(256)              # online tuning of auto on this memory (ringmpi.auto)
+        self.choices = LRU(256)
 
     on_device = True    # the shared-memory and hierarchical algorithms say they cannot run here
 
     @property
     def counters(self) -> Counters:
         return self.parent.counters
+
+    # -- what auto needs of a transport: the communicator's profile and control messages --
+    @property
+    def profile(self) -> Any:
+        return self.parent.profile
+
+    @profile.setter
+    def profile(self, prof: Any) -> None:
+        self.parent.profile = prof
+
+    def bcast_obj(self, obj: Any, root: int = 0) -> Any:
+        return self.parent.bcast_obj(obj, root)
+
+    def allreduce_max(self, values: list) -> list:
+        return self.parent.allreduce_max(values)
+
+    def native_serves(self, count: int, elementwise: bool) -> bool:
+        return self.parent.native_serves(count, elementwise)
 
     @property
     def nodes(self) -> list[int]:

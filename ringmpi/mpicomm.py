@@ -149,7 +149,7 @@ class MPITransport(ReceiveThenReduce):
         self.busy = None
         self._shared: Any = None
         self._split: tuple | None = None      # (local group, cross group, node transport, node comm)
-        self._devices: dict = {}              # device backend name -> its DeviceGroup (scratch, staging)
+        self.devices: dict = {}              # device backend name -> its DeviceGroup (scratch, staging)
         ub = self.comm.Get_attr(MPI.TAG_UB)
         self._tags = max(2, min(ub if isinstance(ub, int) else 32767, 1 << 30))
 
@@ -398,11 +398,11 @@ class MPITransport(ReceiveThenReduce):
         """The transport for calls on `backend`'s device buffers (`ringmpi.device`), made at
         first use and kept: its device scratch and pinned staging buffers live as long as
         this communicator."""
-        g = self._devices.get(backend.name)
+        g = self.devices.get(backend.name)
         if g is None:
             prof = self.profile
             alpha, beta = (prof.alpha, prof.beta) if prof is not None else (5e-6, 1 / 10e9)
-            g = self._devices[backend.name] = DeviceGroup(self, backend, cuda_support(), alpha, beta)
+            g = self.devices[backend.name] = DeviceGroup(self, backend, cuda_support(), alpha, beta)
         g.aware = aware
         g.chunk_fixed = settings().stage_chunk
         return g
@@ -414,7 +414,7 @@ class MPITransport(ReceiveThenReduce):
         """The user's communicator is being freed: free the duplicates and the scratch."""
         self.freed = True
         self.pool = ScratchPool(self.backend)
-        self._devices.clear()
+        self.devices.clear()
         if self._shared is not None:
             self._shared.release()
             self._shared = None

@@ -36,7 +36,7 @@ def dev(x: np.ndarray) -> FakeDeviceArray:
 
 
 def staged_bytes() -> int:
-    g = group(None)._devices.get("fake-device")
+    g = group(None).devices.get("fake-device")
     return g.staged_bytes if g is not None else 0
 
 
@@ -169,7 +169,7 @@ def test_the_wheels_say_they_cannot_read_device_memory_and_how_it_was_decided():
 def test_scratch_and_staging_buffers_are_kept_between_calls():
     x = dev(data(4096 * P, "float32", 1))
     ringmpi.allreduce(x, algorithm="ring")
-    g = group(None)._devices["fake-device"]
+    g = group(None).devices["fake-device"]
     hosts = [id(h) for h in g._host]
     for _ in range(3):
         ringmpi.allreduce(x, algorithm="ring")
@@ -201,3 +201,22 @@ def test_raw_sendrecv_splits_above_the_count_limit():
         t.end()
     finally:
         t.release()
+
+
+def test_auto_tunes_device_calls_apart_from_host_calls_and_keeps_plans():
+    """auto on device buffers learns online like on the host, in its own tuners (keyed by
+    the memory: host timings do not carry over), and repeated calls get a kept plan."""
+    from ringmpi.transport import PLANS
+    x = data(50_000, "float32", 9)
+    ref = ringmpi.allreduce(x.copy(), algorithm="mpi")
+    g = group(None)
+    d = dev(x)
+    for _ in range(120):
+        out = ringmpi.allreduce(d)
+    assert np.allclose(out.get(), ref, rtol=1e-5, atol=1e-3)
+    tuners = g.devices["fake-device"].tuners
+    assert tuners and all(k[1].startswith("fake-device:") for k in tuners.keys())
+    assert any(tu.winner is not None for tu in tuners.values()), "device tuning never settled"
+    assert not any(str(k[1]).startswith("fake-device") for k in g.tuners.keys())
+    assert any(FakeDeviceArray in k for k in PLANS if isinstance(k, tuple)), "no kept plan for device calls"
+    assert COMM.allgather(ringmpi.last_choice()["algorithm"]) == [ringmpi.last_choice()["algorithm"]] * P
