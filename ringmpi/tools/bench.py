@@ -101,53 +101,23 @@ class Case:
     def make(self, inplace: bool):
         call = self.spec.make(self.t.rank, self.t.size, self.x, op=self.op, root=self.root, inplace=inplace)
         if self.device is not None:
-            return self._moved(call, lambda n, dt: self.device.empty(n, dt), self.device.wrap)
-        return self._shared(call) if self.register else call
-
-    def _moved(self, call: Any, empty: Callable, fill: Callable) -> Any:
-        """The call with its buffers copied to device memory, views kept as views."""
-        moved: dict = {}
-        for a in (call.send, call.recv):
-            if a is not None:
-                base = a if a.base is None else a.base
-                if id(base) not in moved:
-                    moved[id(base)] = (base, fill(base.reshape(-1)))
-
-        def remap(a: Any) -> Any:
-            if a is None:
-                return None
-            base, new = moved[id(a if a.base is None else a.base)]
-            start = (a.ctypes.data - base.ctypes.data) // a.itemsize
-            return new[start:start + a.size].reshape(a.shape)
-        send = remap(call.send)
-        return call._replace(send=send, recv=send if call.recv is call.send else remap(call.recv))
+            return _relocated(call, lambda bases: [self.device.wrap(b.reshape(-1)) for b in bases])
+        return _relocated(call, self._shared) if self.register else call
 
     def host(self, a: Any) -> np.ndarray:
         return np.asarray(a) if self.device is None else self.device.to_host(a)
 
-    def _shared(self, call):
-        """The call with its buffers moved into one shared segment of this rank (collective:
-        one `shared_empty` per call on every rank), views kept as views."""
-        bases: dict[int, tuple[np.ndarray, int]] = {}
-        for a in (call.send, call.recv):
-            if a is not None:
-                base = a if a.base is None else a.base
-                bases.setdefault(id(base), (base, sum(b.nbytes for b, _ in bases.values())))
-        pool = _collectives.shared_empty(sum(b.nbytes for b, _ in bases.values()), np.uint8, comm=self.t.user_comm)
-        moved = {}
-        for key, (base, off) in bases.items():
-            new = pool[off:off + base.nbytes].view(base.dtype)
-            new[:] = base.reshape(-1)
-            moved[key] = (base, new)
-
-        def remap(a):
-            if a is None:
-                return None
-            base, new = moved[id(a if a.base is None else a.base)]
-            start = (a.ctypes.data - base.ctypes.data) // a.itemsize
-            return new[start:start + a.size].reshape(a.shape)
-        send = remap(call.send)
-        return call._replace(send=send, recv=send if call.recv is call.send else remap(call.recv))
+    def _shared(self, bases: list[np.ndarray]) -> list[np.ndarray]:
+        """Copies of `bases` in one shared segment of this rank (collective: one
+        `shared_empty` per call on every rank)."""
+        pool = _collectives.shared_empty(sum(b.nbytes for b in bases), np.uint8, comm=self.t.user_comm)
+        out, off = [], 0
+        for b in bases:
+            new = pool[off:off + b.nbytes].view(b.dtype)
+            new[:] = b.reshape(-1)
+            out.append(new)
+            off += b.nbytes
+        return out
 
     @functools.cached_property
     def expected(self) -> np.ndarray | None:
@@ -185,6 +155,26 @@ class Case:
         if not inplace and not np.array_equal(self.host(call.send).reshape(self.x.shape), self.x):
             bad += self.x.size  # a send buffer must never change
         return bad, sent
+
+
+def _relocated(call: Any, place: Callable[[list[np.ndarray]], list[Any]]) -> Any:
+    """The call with its buffers' memory replaced by `place(bases)` (flat copies in shared
+    or device memory, one per distinct base array), views kept as views."""
+    bases: dict[int, np.ndarray] = {}
+    for a in (call.send, call.recv):
+        if a is not None:
+            base = a if a.base is None else a.base
+            bases.setdefault(id(base), base)
+    moved = dict(zip(bases, zip(bases.values(), place(list(bases.values())))))
+
+    def remap(a: Any) -> Any:
+        if a is None:
+            return None
+        base, new = moved[id(a if a.base is None else a.base)]
+        start = (a.ctypes.data - base.ctypes.data) // a.itemsize
+        return new[start:start + a.size].reshape(a.shape)
+    send = remap(call.send)
+    return call._replace(send=send, recv=send if call.recv is call.send else remap(call.recv))
 
 
 def default_iters(nbytes: int) -> tuple[int, int]:
