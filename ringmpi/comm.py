@@ -148,32 +148,56 @@ class _Msg:
         return self.flat[:n] if n <= self.flat.size else None
 
 
+def _parts(msg: Any, pairs: tuple) -> tuple | None:
+    """(buf, count, displ, dtype) of an mpi4py message specification: buf, [buf, dtype],
+    [buf, count], [buf, (count, displ)], [buf, count, dtype], [buf, (count, displ), dtype],
+    [buf, count, displ, dtype]; None when malformed. `pairs`: the types a (count, displ)
+    pair may have (list or tuple in a simple message, tuple in a vector one, as mpi4py)."""
+    if not (type(msg) is list or type(msg) is tuple):
+        return msg, None, None, None
+    n = len(msg)
+    if n == 2:
+        buf, count = msg
+        dtype = None
+        if isinstance(count, (MPI.Datatype, str)):
+            return buf, None, None, count
+    elif n == 3:
+        buf, count, dtype = msg
+    elif n == 4:
+        return msg[0], msg[1], msg[2], msg[3]
+    else:
+        return None
+    displ = None
+    if type(count) in pairs:
+        if len(count) != 2:
+            return None
+        count, displ = count
+    return buf, count, displ, dtype
+
+
+def _reduction(sendbuf: Any, recvbuf: Any, op: Any) -> tuple[np.ndarray, np.ndarray, str] | None:
+    """(send view, receive view, op name) when ringmpi serves a reduction into `recvbuf`
+    exactly: an array of a dtype the op takes, and IN_PLACE (the same view) or a send array
+    like it that does not overlap it; None: mpi4py serves the call."""
+    r = _message(recvbuf, True)
+    rv = r and r.take()
+    if rv is None or not rv.size or not (name := _op(op, rv.dtype)):
+        return None
+    if _in_place(sendbuf):
+        return rv, rv, name
+    s = _message(sendbuf, False)
+    sv = s and s.take()
+    if sv is not None and sv.size == rv.size and sv.dtype == rv.dtype and _apart(sv, rv):
+        return sv, rv, name
+    return None
+
+
 def _message(msg: Any, writable: bool) -> _Msg | None:
     """Parse an mpi4py buffer specification as mpi4py's message_simple does."""
-    count = displ = dtype = None
-    buf = msg
-    if type(msg) is list or type(msg) is tuple:
-        n = len(msg)
-        if n == 2:
-            buf, x = msg
-            if isinstance(x, (MPI.Datatype, str)):
-                dtype = x
-            elif type(x) is tuple or type(x) is list:
-                if len(x) != 2:
-                    return None
-                count, displ = x
-            else:
-                count = x
-        elif n == 3:
-            buf, count, dtype = msg
-            if type(count) is tuple or type(count) is list:
-                if len(count) != 2:
-                    return None
-                count, displ = count
-        elif n == 4:
-            buf, count, displ, dtype = msg
-        else:
-            return None
+    parts = _parts(msg, (tuple, list))
+    if parts is None:
+        return None
+    buf, count, displ, dtype = parts
     if buf is None or buf is MPI.BOTTOM or isinstance(buf, (list, tuple, str)):
         return None
     a = _array(buf, writable)
@@ -307,19 +331,12 @@ class Comm(MPI.Intracomm):
                 hit[4](recvbuf if hit[5] else sendbuf, recvbuf)
                 return
         CALLS["Allreduce"] += 1
-        r = _message(recvbuf, True)
-        rv = r and r.take()
-        if rv is not None and rv.size and (name := _op(op, rv.dtype)):
-            if _in_place(sendbuf):
-                _c.allreduce(rv, rv, op=name, comm=self, algorithm=self._alg("allreduce"))
-                self._remember(sendbuf, recvbuf, op, rv, rv)
-                return
-            s = _message(sendbuf, False)
-            sv = s and s.take()
-            if sv is not None and sv.size == rv.size and sv.dtype == rv.dtype and _apart(sv, rv):
-                _c.allreduce(sv, rv, op=name, comm=self, algorithm=self._alg("allreduce"))
-                self._remember(sendbuf, recvbuf, op, sv, rv)
-                return
+        got = _reduction(sendbuf, recvbuf, op)
+        if got is not None:
+            sv, rv, name = got
+            _c.allreduce(sv, rv, op=name, comm=self, algorithm=self._alg("allreduce"))
+            self._remember(sendbuf, recvbuf, op, sv, rv)
+            return
         PASSED["Allreduce"] += 1
         super().Allreduce(sendbuf, recvbuf, op)
 
@@ -341,17 +358,11 @@ class Comm(MPI.Intracomm):
         rank, p = self.Get_rank(), self.Get_size()
         if type(root) is int and 0 <= root < p:
             if rank == root:
-                r = _message(recvbuf, True)
-                rv = r and r.take()
-                if rv is not None and rv.size and (name := _op(op, rv.dtype)):
-                    if _in_place(sendbuf):
-                        _c.reduce(rv, rv, root, op=name, comm=self, algorithm=self._alg("reduce"))
-                        return
-                    s = _message(sendbuf, False)
-                    sv = s and s.take()
-                    if sv is not None and sv.size == rv.size and sv.dtype == rv.dtype and _apart(sv, rv):
-                        _c.reduce(sv, rv, root, op=name, comm=self, algorithm=self._alg("reduce"))
-                        return
+                got = _reduction(sendbuf, recvbuf, op)
+                if got is not None:
+                    sv, rv, name = got
+                    _c.reduce(sv, rv, root, op=name, comm=self, algorithm=self._alg("reduce"))
+                    return
             else:
                 s = None if _in_place(sendbuf) else _message(sendbuf, False)
                 sv = s and s.take()
@@ -377,21 +388,30 @@ class Comm(MPI.Intracomm):
         super().Bcast(buf, root)
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
-        CALLS["Allgather"] += 1
+        if not self._blocks("Allgather", _c.allgather, sendbuf, recvbuf, whole_send=False):
+            super().Allgather(sendbuf, recvbuf)
+
+    def _blocks(self, name: str, fn: Any, sendbuf: Any, recvbuf: Any, whole_send: bool) -> bool:
+        """Allgather and Alltoall through ringmpi's `fn` when both messages are arrays it
+        serves exactly (the send buffer one block, or like the receive buffer: `whole_send`);
+        False: the caller passes the call to mpi4py."""
+        CALLS[name] += 1
         p = self.Get_size()
         r = _message(recvbuf, True)
         rv = r and r.take(p)
+        algorithm = self._alg(fn.__name__)
         if rv is not None and rv.size:
             if _in_place(sendbuf):
-                _c.allgather(rv, rv, comm=self, algorithm=self._alg("allgather"))
-                return
+                fn(rv, rv, comm=self, algorithm=algorithm)
+                return True
             s = _message(sendbuf, False)
-            sv = s and s.take()
-            if sv is not None and sv.size * p == rv.size and sv.dtype == rv.dtype and _apart(sv, rv):
-                _c.allgather(sv, rv, comm=self, algorithm=self._alg("allgather"))
-                return
-        PASSED["Allgather"] += 1
-        super().Allgather(sendbuf, recvbuf)
+            sv = s and (s.take(p) if whole_send else s.take())
+            if sv is not None and sv.size * (1 if whole_send else p) == rv.size and sv.dtype == rv.dtype \
+                    and _apart(sv, rv):
+                fn(sv, rv, comm=self, algorithm=algorithm)
+                return True
+        PASSED[name] += 1
+        return False
 
     def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
         CALLS["Allgatherv"] += 1
@@ -414,27 +434,10 @@ class Comm(MPI.Intracomm):
     def _vector(msg: Any, p: int) -> tuple[np.ndarray, list[int]] | None:
         """A receive vector spec parsed as mpi4py's message_vector does, when its blocks lie
         back to back: (the buffer, the counts)."""
-        buf, counts, displs, dtype = msg, None, None, None
-        if type(msg) is list or type(msg) is tuple:
-            n = len(msg)
-            if n == 2:
-                buf, counts = msg
-                if isinstance(counts, (MPI.Datatype, str)):
-                    counts, dtype = None, counts
-                elif type(counts) is tuple:
-                    if len(counts) != 2:
-                        return None
-                    counts, displs = counts
-            elif n == 3:
-                buf, counts, dtype = msg
-                if type(counts) is tuple:
-                    if len(counts) != 2:
-                        return None
-                    counts, displs = counts
-            elif n == 4:
-                buf, counts, displs, dtype = msg
-            else:
-                return None
+        parts = _parts(msg, (tuple,))
+        if parts is None:
+            return None
+        buf, counts, displs, dtype = parts
         m = _message(buf if dtype is None else [buf, dtype], True)
         if m is None:
             return None
@@ -458,21 +461,8 @@ class Comm(MPI.Intracomm):
         return m.flat[:total], counts
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
-        CALLS["Alltoall"] += 1
-        p = self.Get_size()
-        r = _message(recvbuf, True)
-        rv = r and r.take(p)
-        if rv is not None and rv.size:
-            if _in_place(sendbuf):
-                _c.alltoall(rv, rv, comm=self, algorithm=self._alg("alltoall"))
-                return
-            s = _message(sendbuf, False)
-            sv = s and s.take(p)
-            if sv is not None and sv.size == rv.size and sv.dtype == rv.dtype and _apart(sv, rv):
-                _c.alltoall(sv, rv, comm=self, algorithm=self._alg("alltoall"))
-                return
-        PASSED["Alltoall"] += 1
-        super().Alltoall(sendbuf, recvbuf)
+        if not self._blocks("Alltoall", _c.alltoall, sendbuf, recvbuf, whole_send=True):
+            super().Alltoall(sendbuf, recvbuf)
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
         CALLS["Reduce_scatter_block"] += 1

@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .backend import NUMPY, ScratchPool
-from .transport import LRU, Counters, ReceiveThenReduce
+from .transport import LRU, CountedMemory, Counters, ReceiveThenReduce
 
 __all__ = ["is_device", "device_backend", "FakeDeviceArray", "OpaqueFakeDeviceArray", "FakeDeviceBackend", "CupyBackend", "DeviceGroup",
            "Support", "chunk_bytes", "cupy_backend", "cai_span", "D2H_BETA"]
@@ -296,7 +296,7 @@ def device_backend(buf: Any) -> Any:
 
 # -- the transport of one call on device buffers -------------------------------------------
 
-class DeviceGroup(ReceiveThenReduce):
+class DeviceGroup(CountedMemory, ReceiveThenReduce):
     """The communicator's transport for calls on device buffers of one backend (kept on
     that transport: `parent.device(backend, support)`). `aware`: messages go to MPI as
     device addresses; otherwise through `chunk`-byte pinned host buffers, pipelined."""
@@ -350,17 +350,6 @@ class DeviceGroup(ReceiveThenReduce):
     # -- memory --------------------------------------------------------------------------
     def empty(self, n: int, dtype: Any) -> Any:
         return self.pool.take(n, dtype)
-
-    def copy(self, src: Any, dst: Any) -> None:
-        self.counters.bytes_copied += dst.nbytes
-        self.backend.copy(src, dst)
-
-    def combine(self, op: str, a: Any, b: Any, out: Any) -> None:
-        self.counters.bytes_reduced += out.nbytes
-        self.backend.combine(op, a, b, out)
-
-    def scale(self, buf: Any, divisor: int) -> None:
-        self.backend.scale(buf, divisor)
 
     def shared(self) -> Any:
         raise ValueError("device buffers do not go through the host's shared memory")

@@ -35,7 +35,7 @@ from .backend import NUMPY, ArrayBackend, ScratchPool
 from .device import DeviceGroup, Support
 from .ops import OPS, op_name
 from .settings import log, settings
-from .transport import IN_PLACE, LRU, Counters, ReceiveThenReduce, forget_plans, split_nodes
+from .transport import IN_PLACE, LRU, CountedMemory, Counters, ReceiveThenReduce, forget_plans, split_nodes
 
 __all__ = ["MPI", "MPITransport", "transport", "world_position", "abort_on_exception", "selection_default", "library_version", "mpi_standard", "mpi4py_version", "INT_MAX", "cuda_support"]
 
@@ -104,8 +104,13 @@ def cuda_support() -> Any:
     return out
 
 
-def _fromaddress(address: int, nbytes: int) -> Any:
-    return MPI.buffer.fromaddress(address, nbytes) if nbytes else MPI.buffer.fromaddress(address or 1, 0)
+def _byte_pieces(span: tuple[int, int] | None, max_count: int) -> list:
+    """Raw memory (address, bytes) as MPI buffers of at most max_count bytes (MPI_BYTE)."""
+    if span is None:
+        return []
+    address, nbytes = span
+    return [MPI.buffer.fromaddress(address + lo, min(max_count, nbytes - lo)) for lo in range(0, nbytes, max_count)] \
+        or [MPI.buffer.fromaddress(address or 1, 0)]
 
 
 def _pieces(buf: np.ndarray | None, max_count: int) -> list[np.ndarray]:
@@ -117,7 +122,7 @@ def _pieces(buf: np.ndarray | None, max_count: int) -> list[np.ndarray]:
     return [buf[i:i + max_count] for i in range(0, buf.size, max_count)]
 
 
-class MPITransport(ReceiveThenReduce):
+class MPITransport(CountedMemory, ReceiveThenReduce):
     """Point-to-point transport and per-communicator state over one intracommunicator."""
 
     def __init__(self, user: "MPI.Intracomm", *, backend: ArrayBackend = NUMPY, max_count: int = INT_MAX) -> None:
@@ -172,12 +177,19 @@ class MPITransport(ReceiveThenReduce):
     def sendrecv(self, sendbuf: np.ndarray | None, dest: int | None,
                  recvbuf: np.ndarray | None, source: int | None) -> None:
         """One MPI_Sendrecv (split into several when a side exceeds max_count elements)."""
+        self._sendrecv(_pieces(None if dest is None else sendbuf, self.max_count), dest,
+                       _pieces(None if source is None else recvbuf, self.max_count), source)
+
+    def sendrecv_bytes(self, send: tuple[int, int] | None, dest: int | None,
+                       recv: tuple[int, int] | None, source: int | None) -> None:
+        """One MPI_Sendrecv of raw memory given as (address, bytes), MPI_BYTE (a CUDA-aware
+        MPI: device addresses; split above the C-int count limit)."""
+        self._sendrecv(_byte_pieces(None if dest is None else send, self.max_count), dest,
+                       _byte_pieces(None if source is None else recv, self.max_count), source)
+
+    def _sendrecv(self, sp: list, dest: int | None, rp: list, source: int | None) -> None:
+        """Pieces sp[i] and rp[i] in one MPI_Sendrecv each (a missing side: MPI_PROC_NULL)."""
         self.counters.calls += 1
-        if dest is None:
-            sendbuf = None
-        if source is None:
-            recvbuf = None
-        sp, rp = _pieces(sendbuf, self.max_count), _pieces(recvbuf, self.max_count)
         tag = self.tag
         for i in range(max(len(sp), len(rp), 1)):
             s = sp[i] if i < len(sp) else None
@@ -187,27 +199,6 @@ class MPITransport(ReceiveThenReduce):
             if s is not None:
                 self.counters.messages += 1
                 self.counters.bytes_sent += s.nbytes
-
-    def sendrecv_bytes(self, send: tuple[int, int] | None, dest: int | None,
-                       recv: tuple[int, int] | None, source: int | None) -> None:
-        """One MPI_Sendrecv of raw memory given as (address, bytes), MPI_BYTE (a CUDA-aware
-        MPI: device addresses; split above the C-int count limit)."""
-        self.counters.calls += 1
-        if dest is None:
-            send = None
-        if source is None:
-            recv = None
-        tag, step = self.tag, self.max_count
-        s_n = send[1] if send else 0
-        r_n = recv[1] if recv else 0
-        for lo in range(0, max(s_n, r_n, 1), step):
-            s = [_fromaddress(send[0] + lo, min(step, s_n - lo)), MPI.BYTE] if send and lo < s_n else None
-            r = [_fromaddress(recv[0] + lo, min(step, r_n - lo)), MPI.BYTE] if recv and lo < r_n else None
-            self.comm.Sendrecv(s, MPI.PROC_NULL if s is None else dest, tag,
-                               r, MPI.PROC_NULL if r is None else source, tag)
-            if s is not None:
-                self.counters.messages += 1
-                self.counters.bytes_sent += min(step, s_n - lo)
 
     def exchange(self, sends: Sequence[tuple[np.ndarray, int]],
                  recvs: Sequence[tuple[np.ndarray, int]]) -> None:
@@ -226,17 +217,6 @@ class MPITransport(ReceiveThenReduce):
     # -- local work (the array backend) --------------------------------------------------
     def empty(self, n: int, dtype: Any) -> np.ndarray:
         return self.pool.take(n, dtype)
-
-    def copy(self, src: np.ndarray, dst: np.ndarray) -> None:
-        self.counters.bytes_copied += dst.nbytes
-        self.backend.copy(src, dst)
-
-    def combine(self, op: str, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-        self.counters.bytes_reduced += out.nbytes
-        self.backend.combine(op, a, b, out)
-
-    def scale(self, buf: np.ndarray, divisor: int) -> None:
-        self.backend.scale(buf, divisor)
 
     # -- the MPI library's own collectives ----------------------------------------------
     def native(self, call: Any) -> None:

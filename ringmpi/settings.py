@@ -82,10 +82,7 @@ def _seconds(env: dict, name: str, default: float) -> float:
 
 
 def _flag(env: dict, name: str) -> bool:
-    raw = env.get(name, "").strip()
-    if raw not in ("", "0", "1"):
-        raise RingmpiUsageError(f"{name}={raw!r}: expected 0 or 1")
-    return raw == "1"
+    return _choice(env, name) == "1"
 
 
 def _algo(raw: str) -> tuple:
@@ -114,9 +111,10 @@ def _read(env: dict, generation: int) -> Settings:
 
 
 def _choice(env: dict, name: str) -> str:
+    """"0", "1" or "" (unset)."""
     raw = env.get(name, "").strip()
     if raw not in ("", "0", "1"):
-        raise RingmpiUsageError(f"{name}={raw!r}: expected 0, 1 or unset")
+        raise RingmpiUsageError(f"{name}={raw!r}: expected 0 or 1")
     return raw
 
 

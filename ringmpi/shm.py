@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .backend import NUMPY
-from .transport import Counters
+from .transport import CountedMemory, Counters
 
 __all__ = ["SharedTransport", "Segment"]
 
@@ -83,7 +83,7 @@ class Segment:
             pass
 
 
-class SharedTransport:
+class SharedTransport(CountedMemory):
     """The transport of the ranks of one host over shared memory (see the module doc).
 
     `group` is the MPI transport of the same ranks: it carries the collective set-up (segment
@@ -272,18 +272,6 @@ class SharedTransport:
             self._done_reading(source)
         for dest in dests:
             self._delivered(dest)
-
-    # -- local work: the numpy backend ---------------------------------------------------
-    def copy(self, src: Any, dst: Any) -> None:
-        self.counters.bytes_copied += dst.nbytes
-        np.copyto(dst, src)
-
-    def combine(self, op: str, a: Any, b: Any, out: Any) -> None:
-        self.counters.bytes_reduced += out.nbytes
-        self.backend.combine(op, a, b, out)
-
-    def scale(self, buf: Any, divisor: int) -> None:
-        self.backend.scale(buf, divisor)
 
     def native(self, call: Any) -> None:
         self.group.native(call)

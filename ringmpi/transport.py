@@ -129,6 +129,23 @@ class ReceiveThenReduce:
         self.combine(op, landing, mine, out)           # type: ignore[attr-defined]
 
 
+class CountedMemory:
+    """Local work through the transport's array backend (`self.backend`), counted in
+    `self.counters`: what the schedules' copies and reductions cost (the benchmark's and the
+    simulator's byte counts)."""
+
+    def copy(self, src: Any, dst: Any) -> None:
+        self.counters.bytes_copied += dst.nbytes      # type: ignore[attr-defined]
+        self.backend.copy(src, dst)                    # type: ignore[attr-defined]
+
+    def combine(self, op: str, a: Any, b: Any, out: Any) -> None:
+        self.counters.bytes_reduced += out.nbytes     # type: ignore[attr-defined]
+        self.backend.combine(op, a, b, out)            # type: ignore[attr-defined]
+
+    def scale(self, buf: Any, divisor: int) -> None:
+        self.backend.scale(buf, divisor)               # type: ignore[attr-defined]
+
+
 class SubGroup(ReceiveThenReduce):
     """Some ranks of a transport as a group of their own, renumbered 0..k-1 in the order of
     `members` (parent ranks): the rings of a hierarchical schedule (the ranks of one node,
