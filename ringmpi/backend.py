@@ -12,18 +12,15 @@ from typing import Any, Protocol
 import numpy as np
 
 from .ops import OPS
+from .transport import Memory
 
 __all__ = ["ArrayBackend", "NumpyBackend", "NUMPY", "Phantom", "phantom", "PhantomBackend", "PHANTOM",
            "ScratchPool"]
 
 
-class ArrayBackend(Protocol):
+class ArrayBackend(Memory, Protocol):
     name: str
 
-    def empty(self, n: int, dtype: Any) -> Any: ...
-    def copy(self, src: Any, dst: Any) -> None: ...
-    def combine(self, op: str, a: Any, b: Any, out: Any) -> None: ...
-    def scale(self, buf: Any, divisor: int) -> None: ...
     def synchronize(self) -> None: ...
     def to_host(self, a: Any) -> np.ndarray: ...
 

@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .backend import NUMPY, ScratchPool
-from .transport import LRU, CountedMemory, Counters, ReceiveThenReduce
+from .transport import LRU, CountedMemory, Counters, PrivateMemory, ReceiveThenReduce
 
 __all__ = ["is_device", "device_backend", "FakeDeviceArray", "OpaqueFakeDeviceArray", "FakeDeviceBackend", "CupyBackend", "DeviceGroup",
            "Support", "chunk_bytes", "cupy_backend", "cai_span", "D2H_BETA"]
@@ -296,7 +296,7 @@ def device_backend(buf: Any) -> Any:
 
 # -- the transport of one call on device buffers -------------------------------------------
 
-class DeviceGroup(CountedMemory, ReceiveThenReduce):
+class DeviceGroup(CountedMemory, PrivateMemory, ReceiveThenReduce):
     """The communicator's transport for calls on device buffers of one backend (kept on
     that transport: `parent.device(backend, support)`). `aware`: messages go to MPI as
     device addresses; otherwise through `chunk`-byte pinned host buffers, pipelined."""
@@ -331,18 +331,13 @@ class DeviceGroup(CountedMemory, ReceiveThenReduce):
     def profile(self, prof: Any) -> None:
         self.parent.profile = prof
 
-    def bcast_obj(self, obj: Any, root: int = 0) -> Any:
-        return self.parent.bcast_obj(obj, root)
+    #: the communicator's control plane, used as it is: agreement, limits, layout
+    _PARENT = frozenset({"bcast_obj", "allreduce_max", "native_serves", "nodes", "max_count"})
 
-    def allreduce_max(self, values: list) -> list:
-        return self.parent.allreduce_max(values)
-
-    def native_serves(self, count: int, elementwise: bool) -> bool:
-        return self.parent.native_serves(count, elementwise)
-
-    @property
-    def nodes(self) -> list[int]:
-        return self.parent.nodes
+    def __getattr__(self, name: str) -> Any:
+        if name in DeviceGroup._PARENT:
+            return getattr(self.parent, name)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     def begin(self) -> None:
         self.pool.reset()
@@ -356,12 +351,6 @@ class DeviceGroup(CountedMemory, ReceiveThenReduce):
 
     def split_nodes(self) -> tuple[Any, Any]:
         raise ValueError("device buffers: hierarchical is not available")
-
-    def reserve(self, nbytes: int) -> None:
-        pass
-
-    def in_shared(self, buf: Any) -> bool:
-        return False
 
     def _staging(self, nbytes: int) -> list[np.ndarray]:
         """Four pinned host buffers of at least nbytes each (two to send, two to receive)."""

@@ -35,7 +35,7 @@ from .backend import NUMPY, ArrayBackend, ScratchPool
 from .device import DeviceGroup, Support
 from .ops import OPS, op_name
 from .settings import log, settings
-from .transport import IN_PLACE, LRU, CountedMemory, Counters, ReceiveThenReduce, forget_plans, split_nodes
+from .transport import IN_PLACE, LRU, CountedMemory, Counters, PrivateMemory, ReceiveThenReduce, forget_plans, split_nodes
 
 __all__ = ["MPI", "MPITransport", "transport", "world_position", "abort_on_exception", "selection_default", "library_version", "mpi_standard", "mpi4py_version", "INT_MAX", "cuda_support"]
 
@@ -122,7 +122,7 @@ def _pieces(buf: np.ndarray | None, max_count: int) -> list[np.ndarray]:
     return [buf[i:i + max_count] for i in range(0, buf.size, max_count)]
 
 
-class MPITransport(CountedMemory, ReceiveThenReduce):
+class MPITransport(CountedMemory, PrivateMemory, ReceiveThenReduce):
     """Point-to-point transport and per-communicator state over one intracommunicator."""
 
     def __init__(self, user: "MPI.Intracomm", *, backend: ArrayBackend = NUMPY, max_count: int = INT_MAX) -> None:
@@ -353,12 +353,6 @@ class MPITransport(CountedMemory, ReceiveThenReduce):
             self._shared = SharedTransport(self)
         return self._shared
 
-    def reserve(self, nbytes: int) -> None:
-        pass
-
-    def in_shared(self, buf: Any) -> bool:
-        return False
-
     def split_nodes(self) -> tuple[Any, Any]:
         """The groups of a hierarchical schedule (`ringmpi.transport.split_nodes`): the
         ranks of this node, over shared memory when there are several, and the ranks at
@@ -475,12 +469,9 @@ def abort_on_exception(tp: type, value: BaseException, tb: Any) -> None:
         return
     r, p = world_position()
     text = "".join(traceback.format_exception(tp, value, tb))
-    sys.stderr.write("".join(f"[rank {r}] {line}\n" for line in text.splitlines()))
-    sys.stderr.write(f"ringmpi: rank {r} of {p} raised an uncaught {tp.__name__}; aborting the job "
-                     "(RINGMPI_ABORT_ON_EXCEPTION=1)\n")
-    sys.stderr.flush()
-    time.sleep(0.5)  # let the launcher forward the traceback before the abort tears the job down
-    MPI.COMM_WORLD.Abort(1)
+    stall.die("".join(f"[rank {r}] {line}\n" for line in text.splitlines()) +
+              f"ringmpi: rank {r} of {p} raised an uncaught {tp.__name__}; aborting the job "
+              "(RINGMPI_ABORT_ON_EXCEPTION=1)\n", MPI.COMM_WORLD.Abort, 1)
 
 
 def _delete(_comm: Any, _key: int, t: MPITransport) -> None:

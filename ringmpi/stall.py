@@ -28,6 +28,15 @@ _THREAD: list[threading.Thread] = []
 _LOCK = threading.Lock()
 
 
+
+def die(message: str, abort: Any, code: int) -> None:
+    """Print `message` (one write), give the launcher half a second to forward it before the
+    abort tears the job down, then abort the job with `code`."""
+    sys.stderr.write(message)
+    sys.stderr.flush()
+    time.sleep(0.5)
+    abort(code)
+
 def track(t: Any) -> None:
     """Watch transport `t` (it has rank, size, abort(), `seq`, and `busy`: a label or None)."""
     with _LOCK:
@@ -74,11 +83,8 @@ def _watch() -> None:
                 where += f" (ranks {missing} have not arrived)"
             # a rank that knows who is missing aborts first, so that its message is the one printed
             if s.stall_abort and waited > s.stall_abort + (0 if missing else 1):
-                sys.stderr.write(f"{where}; aborting the job (RINGMPI_STALL_ABORT={s.stall_abort:g}). A rank may "
-                                 "have skipped this collective or called another one.\n")
-                sys.stderr.flush()
-                time.sleep(0.5)  # let the launcher forward the message before the abort tears the job down
-                t.abort(3)
+                die(f"{where}; aborting the job (RINGMPI_STALL_ABORT={s.stall_abort:g}). A rank may "
+                    "have skipped this collective or called another one.\n", t.abort, 3)
             if s.stall_warn and waited > s.stall_warn and warned.get(t) != started:
                 warned[t] = started
                 sys.stderr.write(f"{where} (RINGMPI_STALL_WARN={s.stall_warn:g}). Did every rank call it with "

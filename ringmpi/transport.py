@@ -22,7 +22,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, runtime_checkable
 
-__all__ = ["Counters", "Transport", "Group", "IN_PLACE", "LRU", "PLANS", "LAST", "GENERATION", "forget_plans", "ReceiveThenReduce", "SubGroup", "split_nodes"]
+__all__ = ["Counters", "Memory", "Transport", "CountedMemory", "PrivateMemory", "Group", "IN_PLACE", "LRU", "PLANS", "LAST", "GENERATION", "forget_plans", "ReceiveThenReduce", "SubGroup", "split_nodes"]
 
 #: The fast-path plan cache (`ringmpi.api`): a validated call shape -> a callable that serves
 #: the next identical calls. Emptied (`forget_plans`) whenever what a plan assumed changes:
@@ -74,8 +74,18 @@ class Counters:
                         self.bytes_reduced - before.bytes_reduced)
 
 
+class Memory(Protocol):
+    """Allocate, copy, reduce into, scale: what both an array backend (`ringmpi.backend`)
+    and a transport (counted, on its backend) offer."""
+
+    def empty(self, n: int, dtype: Any) -> Any: ...
+    def copy(self, src: Any, dst: Any) -> None: ...
+    def combine(self, op: str, a: Any, b: Any, out: Any) -> None: ...
+    def scale(self, buf: Any, divisor: int) -> None: ...
+
+
 @runtime_checkable
-class Transport(Protocol):
+class Transport(Memory, Protocol):
     """What a schedule body `body(t, call)` may use."""
     rank: int
     size: int
@@ -85,10 +95,6 @@ class Transport(Protocol):
     def sendrecv_reduce(self, sendbuf: Any, dest: int, landing: Any, source: int, op: str, mine: Any,
                         out: Any) -> None: ...
     def exchange(self, sends: Sequence[tuple[Any, int]], recvs: Sequence[tuple[Any, int]]) -> None: ...
-    def empty(self, n: int, dtype: Any) -> Any: ...
-    def copy(self, src: Any, dst: Any) -> None: ...
-    def combine(self, op: str, a: Any, b: Any, out: Any) -> None: ...
-    def scale(self, buf: Any, divisor: int) -> None: ...
     def native(self, call: Any) -> None: ...
     # the host's shared memory (schedules/shm.py): every rank's node, the shared-memory
     # transport of this group (one host only), scratch for a call, and whether a peer can
@@ -144,6 +150,17 @@ class CountedMemory:
 
     def scale(self, buf: Any, divisor: int) -> None:
         self.backend.scale(buf, divisor)               # type: ignore[attr-defined]
+
+
+class PrivateMemory:
+    """A transport whose buffers no peer maps (MPI, device): nothing to reserve in a shared
+    arena, no buffer readable in place by peers."""
+
+    def reserve(self, nbytes: int) -> None:
+        pass
+
+    def in_shared(self, buf: Any) -> bool:
+        return False
 
 
 class SubGroup(ReceiveThenReduce):

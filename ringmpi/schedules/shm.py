@@ -64,8 +64,12 @@ def allreduce(t, call):
     _ring.allreduce(s, call)
 
 
-@register("reduce_scatter", "ring_shm",
-          lambda p, count, itemsize, **_: _ring._rounds_cost(p, count, itemsize, 1, True).local(), unavailable=_one_host)
+def _rounds_cost(reduces: bool):
+    """ring.py's p-1 rounds of one block, on the node's links (reduce-scatter or all-gather)."""
+    return lambda p, count, itemsize, **_: _ring._rounds_cost(p, count, itemsize, 1, reduces).local()
+
+
+@register("reduce_scatter", "ring_shm", _rounds_cost(True), unavailable=_one_host)
 def reduce_scatter(t, call):
     s = t.shared()
     # ring.py's landing block and two work blocks, and the first block it sends, staged
@@ -73,8 +77,7 @@ def reduce_scatter(t, call):
     _ring.reduce_scatter(s, call)
 
 
-@register("allgather", "ring_shm",
-          lambda p, count, itemsize, **_: _ring._rounds_cost(p, count, itemsize, 1, False).local(), unavailable=_one_host)
+@register("allgather", "ring_shm", _rounds_cost(False), unavailable=_one_host)
 def allgather(t, call):
     s, r = t.shared(), t.rank
     off = offsets(call.counts)
