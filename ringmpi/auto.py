@@ -202,25 +202,27 @@ def _candidates(t: Any, call: Call, prof: Profile, native_ok: bool) -> list[str]
 class Tuner:
     """Online choice for one (collective, dtype, op, size bucket) on one communicator.
 
-    Exploration has two stages. Stage 1: every candidate once untimed (first-touch costs)
-    and twice timed, round-robin; the faster of the two, combined across ranks (MAX), keeps
-    a candidate in the race if it is within PRUNE1 of the fastest (MPI's own always stays,
-    so that one unlucky call cannot rule out the library). Stage 2: those, STAGE2 more timed
-    rounds; a candidate's score is the mean of its KEEP fastest timed calls, MAX over
-    ranks; the lowest wins. Every rank makes the same calls in the same order, so every rank's tuner
+    Exploration is successive halving in three stages, round-robin, so that a candidate
+    costs calls in proportion to how close it is to the best. Stage 0: every candidate once
+    untimed (first-touch costs) and once timed; combined across ranks (MAX), a candidate
+    stays if within PRUNE0 of the fastest. Stage 1: those once more, timed; the faster of
+    its two calls keeps a candidate if within PRUNE1. Stage 2: those, STAGE2 more timed
+    rounds. MPI's own always stays (one unlucky call must not rule out the library). A
+    candidate's score is the mean of its KEEP fastest timed calls, MAX over ranks; the
+    lowest wins. Every rank makes the same calls in the same order, so every rank's tuner
     walks the same schedule and exchanges at the same call: the decisions agree by
     construction."""
     key: tuple
     candidates: list
     verbose: bool = False
     seed: dict | None = None
-    PRUNE1, STAGE2, KEEP, SAMPLE, CHECK, HYSTERESIS = 1.3, 3, 3, 16, 16, 1.10
+    PRUNE0, PRUNE1, STAGE2, KEEP, SAMPLE, CHECK, HYSTERESIS = 2.0, 1.3, 3, 3, 16, 16, 1.10
     winner: str | None = None
     tuned: dict = field(default_factory=dict)
     times: dict = field(default_factory=dict)
     samples: list = field(default_factory=list)
     schedule: list = field(default_factory=list)
-    stage: int = 1
+    stage: int = 0
     left: int = 1            # calls until the next timed one (after the exploration)
     explored_s: float = 0.0  # time spent in exploration calls (this rank, then MAX over ranks)
     explored_calls: int = 0
@@ -231,8 +233,9 @@ class Tuner:
             self.winner, self.tuned = self.seed["winner"], dict(self.seed["tuned"])
             self.left = self.SAMPLE
         else:
-            self.schedule = [(c, r > 0) for r in range(3) for c in self.candidates]
+            self.schedule = [(c, r > 0) for r in range(2) for c in self.candidates]
             self.times = {c: [] for c in self.candidates}
+            self.stage = 0
 
     def pick(self) -> dict:
         """The algorithm for the next call of the bucket, and whether to time it."""
@@ -281,13 +284,13 @@ class Tuner:
         every = t.allreduce_max([sum(sorted(self.times[c])[:self.KEEP]) / min(len(self.times[c]), self.KEEP)
                                  for c in live])
         self.tuned.update(zip(live, every))
-        if self.stage == 1:
+        if self.stage < 2:
             best = min(every)
-            keep = [c for c in live if self.tuned[c] <= self.PRUNE1 * best or c == "mpi"]
-            if len(keep) > 1:  # stage 2: the close ones, more timed rounds
-                self.stage = 2
+            keep = [c for c in live if self.tuned[c] <= (self.PRUNE0, self.PRUNE1)[self.stage] * best or c == "mpi"]
+            if len(keep) > 1:  # the next stage: the close ones, more timed rounds
+                self.stage += 1
                 self.times = {c: self.times[c] for c in keep}
-                self.schedule += [(c, True) for _ in range(self.STAGE2) for c in keep]
+                self.schedule += [(c, True) for _ in range(1 if self.stage == 1 else self.STAGE2) for c in keep]
                 return False
         self._decide(t)
         return True
