@@ -202,21 +202,22 @@ def _candidates(t: Any, call: Call, prof: Profile, native_ok: bool) -> list[str]
 class Tuner:
     """Online choice for one (collective, dtype, op, size bucket) on one communicator.
 
-    Exploration is successive halving in three stages, round-robin, so that a candidate
-    costs calls in proportion to how close it is to the best. Stage 0: every candidate once
-    untimed (first-touch costs) and once timed; combined across ranks (MAX), a candidate
-    stays if within PRUNE0 of the fastest. Stage 1: those once more, timed; the faster of
-    its two calls keeps a candidate if within PRUNE1. Stage 2: those, STAGE2 more timed
-    rounds. MPI's own always stays (one unlucky call must not rule out the library). A
-    candidate's score is the mean of its KEEP fastest timed calls, MAX over ranks; the
-    lowest wins. Every rank makes the same calls in the same order, so every rank's tuner
-    walks the same schedule and exchanges at the same call: the decisions agree by
+    Exploration in two stages, each candidate's calls back to back (a call's time depends on
+    what ran before it: a different algorithm leaves the MPI library's queues and the
+    caches in another state, so round-robin timings misjudge the steady state by up to 2x).
+    Stage 0: every candidate once untimed (first-touch costs) and once timed; combined
+    across ranks (MAX), a candidate stays if within PRUNE0 of the fastest. Stage 1: those,
+    STAGE1 more timed calls each. MPI's own always stays (one unlucky call must not rule out
+    the library). A candidate's score is the mean of its KEEP fastest timed calls, MAX over
+    ranks; the lowest wins. A candidate far slower than the best thus costs two calls, a
+    close one 2 + STAGE1. Every rank makes the same calls in the same order, so every rank's
+    tuner walks the same schedule and exchanges at the same call: the decisions agree by
     construction."""
     key: tuple
     candidates: list
     verbose: bool = False
     seed: dict | None = None
-    PRUNE0, PRUNE1, STAGE2, KEEP, SAMPLE, CHECK, HYSTERESIS = 2.0, 1.3, 3, 3, 16, 16, 1.10
+    PRUNE0, STAGE1, KEEP, SAMPLE, CHECK, HYSTERESIS = 1.5, 2, 2, 16, 16, 1.10
     winner: str | None = None
     tuned: dict = field(default_factory=dict)
     times: dict = field(default_factory=dict)
@@ -233,7 +234,7 @@ class Tuner:
             self.winner, self.tuned = self.seed["winner"], dict(self.seed["tuned"])
             self.left = self.SAMPLE
         else:
-            self.schedule = [(c, r > 0) for r in range(2) for c in self.candidates]
+            self.schedule = [(c, r > 0) for c in self.candidates for r in range(2)]
             self.times = {c: [] for c in self.candidates}
             self.stage = 0
 
@@ -284,13 +285,13 @@ class Tuner:
         every = t.allreduce_max([sum(sorted(self.times[c])[:self.KEEP]) / min(len(self.times[c]), self.KEEP)
                                  for c in live])
         self.tuned.update(zip(live, every))
-        if self.stage < 2:
+        if self.stage == 0:
             best = min(every)
-            keep = [c for c in live if self.tuned[c] <= (self.PRUNE0, self.PRUNE1)[self.stage] * best or c == "mpi"]
-            if len(keep) > 1:  # the next stage: the close ones, more timed rounds
-                self.stage += 1
+            keep = [c for c in live if self.tuned[c] <= self.PRUNE0 * best or c == "mpi"]
+            if len(keep) > 1:  # stage 1: the close ones, more timed calls, back to back
+                self.stage = 1
                 self.times = {c: self.times[c] for c in keep}
-                self.schedule += [(c, True) for _ in range(1 if self.stage == 1 else self.STAGE2) for c in keep]
+                self.schedule += [(c, True) for c in keep for _ in range(self.STAGE1)]
                 return False
         self._decide(t)
         return True
