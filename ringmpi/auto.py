@@ -217,7 +217,7 @@ class Tuner:
     candidates: list
     verbose: bool = False
     seed: dict | None = None
-    PRUNE0, STAGE1, KEEP, SAMPLE, CHECK, HYSTERESIS = 1.5, 2, 2, 16, 16, 1.10
+    PRUNE0, STAGE1, KEEP, SAMPLE, CHECK, HYSTERESIS = 2.0, 3, 2, 16, 16, 1.10
     winner: str | None = None
     tuned: dict = field(default_factory=dict)
     times: dict = field(default_factory=dict)
