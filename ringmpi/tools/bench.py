@@ -509,6 +509,19 @@ def _finish(o: Options, info, rows, auto_rows, prof, p, overhead) -> None:
     _attach_predictions(rows, prof, p)
     if not o.quiet:
         print_table(rows, auto_rows, p)
+    _footer(info, rows, auto_rows, prof, overhead)
+    if o.json:
+        Path(o.json).write_text(json.dumps({"banner": info, "rows": rows, "auto": auto_rows, "api_overhead": overhead},
+                                           indent=1))
+        print(f"# JSON: {o.json}")
+    if o.out:
+        print(f"# Report: {write_report(Path(o.out), info, rows, auto_rows, prof, p, vars(o), overhead)}")
+    if o.save_profile:
+        _save_profile(o, prof, p)
+
+
+def _footer(info, rows, auto_rows, prof, overhead) -> None:
+    """The summary lines under the tables (nccl-tests' and ringmpi's own)."""
     if overhead:
         print("# API overhead, allreduce float32 (auto through ringmpi's API / MPI_Allreduce called directly): "
               + "; ".join(f"{size_label(r['size'])}B: {r['auto_us']:.2f} us / {r['mpi_us']:.2f} us = "
@@ -541,25 +554,22 @@ def _finish(o: Options, info, rows, auto_rows, prof, p, overhead) -> None:
     print(f"# Fitted profile: alpha {prof.alpha * 1e6:.3g} us, B {inv(prof.beta):.3g} GB/s, "
           f"gamma^-1 {inv(prof.gamma):.3g} GB/s, overhead {prof.overhead * 1e6:.3g} us "
           f"(median fit error {prof.meta['fit']['median_rel_err'] or 0:.0%})")
-    if o.json:
-        Path(o.json).write_text(json.dumps({"banner": info, "rows": rows, "auto": auto_rows, "api_overhead": overhead},
-                                           indent=1))
-        print(f"# JSON: {o.json}")
-    if o.out:
-        print(f"# Report: {write_report(Path(o.out), info, rows, auto_rows, prof, p, vars(o), overhead)}")
-    if o.save_profile:
-        why = unphysical(prof)
-        dest = profile_path(p)
-        if why and o.force_profile:
-            print(f"# profile looks unphysical ({why}); saved anyway (--force-profile)")
-        elif why:
-            print(f"# profile NOT saved: {why}; auto keeps {dest if dest.exists() else 'its default'}")
-            return
-        try:
-            prof.save(dest)
-            print(f"# Profile for auto saved to {dest}")
-        except OSError as e:
-            print(f"# could not save the profile to {dest}: {e}")
+
+
+def _save_profile(o: Options, prof, p: int) -> None:
+    """--save-profile: the fit becomes auto's profile, unless it looks unphysical."""
+    why = unphysical(prof)
+    dest = profile_path(p)
+    if why and o.force_profile:
+        print(f"# profile looks unphysical ({why}); saved anyway (--force-profile)")
+    elif why:
+        print(f"# profile NOT saved: {why}; auto keeps {dest if dest.exists() else 'its default'}")
+        return
+    try:
+        prof.save(dest)
+        print(f"# Profile for auto saved to {dest}")
+    except OSError as e:
+        print(f"# could not save the profile to {dest}: {e}")
 
 
 def run(o: Options, comm: Any = None) -> int:

@@ -166,19 +166,7 @@ def time_table(collective: str, nbytes: int, workers: list[int], prof: cm.Profil
     for p in workers:
         count = spec.nccl_count(nbytes, itemsize, p)
         n_in = spec.input_count(count, p)
-        net = Network()
-        if knobs:
-            slow = {} if not straggler or straggler[1] == 1 else \
-                {(p - 1 if straggler[0] is None else straggler[0]): straggler[1]}
-            net = Network(slow_ranks=slow, slow_links=dict(slow_links or {}), overhead=overhead)
-            try:
-                net.check(p)
-            except ValueError as e:
-                args.fail("sim time", f"{e} (p={p})")
-            what = ", ".join([*(f"rank {r} x{f:g}" for r, f in net.slow_ranks.items()),
-                              *(f"link {a}->{b} x{f:g}" for (a, b), f in net.slow_links.items()),
-                              *([f"overhead {human_time(overhead)}/message"] if overhead else [])])
-            lines.append(f"# p={p}: {what}")
+        net = _network(p, straggler, slow_links, overhead, lines) if knobs else Network()
         for name in schedules.names(collective)[:-1]:
             alg = schedules.get(collective, name)
             if alg.why_not(_layout(p, per_node)):
@@ -205,6 +193,25 @@ def time_table(collective: str, nbytes: int, workers: list[int], prof: cm.Profil
                 row += f"  slowed {human_time(slow.time):>10} ({slow.time / cl.time if cl.time else 1:.2f}x)"
             lines.append(row + f"  [{wall:.1f} s]")
     return "\n".join(lines)
+
+
+def _network(p: int, straggler: tuple[int | None, float] | None, slow_links: dict | None, overhead: float,
+             lines: list[str]) -> Any:
+    """The simulated network of `sim time`'s knobs at p ranks (a line saying so added to
+    `lines`); a straggler of rank None is the last rank."""
+    from ..sim import Network
+    slow = {} if not straggler or straggler[1] == 1 else \
+        {(p - 1 if straggler[0] is None else straggler[0]): straggler[1]}
+    net = Network(slow_ranks=slow, slow_links=dict(slow_links or {}), overhead=overhead)
+    try:
+        net.check(p)
+    except ValueError as e:
+        args.fail("sim time", f"{e} (p={p})")
+    what = ", ".join([*(f"rank {r} x{f:g}" for r, f in net.slow_ranks.items()),
+                      *(f"link {a}->{b} x{f:g}" for (a, b), f in net.slow_links.items()),
+                      *([f"overhead {human_time(overhead)}/message"] if overhead else [])])
+    lines.append(f"# p={p}: {what}")
+    return net
 
 
 def _predict(ns, prof) -> None:
