@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+from typing import Any
 from pathlib import Path
 
 from ..cost import Profile
@@ -93,8 +94,12 @@ def mpich_json(prof: Profile, p: int, default: dict) -> dict:
     """MPICH's selection tree `default` with, for communicators of exactly p ranks, the
     measured bands in front of MPICH's own choice (kept for the bands we do not replace)."""
     tree = copy.deepcopy(default)
+    known = _algorithms_in(default)
     for coll, (key, cond, names) in MPICH.items():
         node = tree.get(f"collective={key}", {}).get("comm_type=intra")
+        # only algorithms this MPICH names in its own tree (MPICH 4.0 has no ring all-reduce
+        # and aborts at MPI_Init on a key it does not know)
+        names = {a: n for a, n in names.items() if n in known}
         found = bands(prof, coll)
         if node is None or not any(alg in names for _, alg in found):
             continue
@@ -105,6 +110,17 @@ def mpich_json(prof: Profile, p: int, default: dict) -> dict:
         tree[f"collective={key}"]["comm_type=intra"] = {f"comm_size<={p - 1}": copy.deepcopy(node),
                                                          f"comm_size<={p}": ours, "comm_size=any": node}
     return tree
+
+
+def _algorithms_in(tree: Any) -> set[str]:
+    """Every "algorithm=NAME" key's NAME in an MPICH selection tree."""
+    out: set[str] = set()
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            if k.startswith("algorithm="):
+                out.add(k.split("=", 1)[1])
+            out |= _algorithms_in(v)
+    return out
 
 
 def write(fmt: str, prof: Profile, p: int, path: str, mpich_default: dict | None = None) -> None:

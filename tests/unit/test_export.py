@@ -41,8 +41,14 @@ def test_ompi_rules_file_format():
     assert rules[(11, 4)] == [(0, 0, 0, 0)]
 
 
+KNOWN = {"collective=allreduce": {"comm_type=inter": {"avg_msg_size<=1": {"algorithm=MPIR_Allreduce_intra_ring": {}},
+                                                       "avg_msg_size=any": {
+                                                           "algorithm=MPIR_Allreduce_intra_recursive_doubling": {}}}}}
+
+
 def test_mpich_json_puts_the_bands_in_front_of_the_default():
-    default = {"collective=allreduce": {"comm_type=intra": {"avg_msg_size=any": {"algorithm=X": {}}}},
+    default = {"collective=allreduce": {"comm_type=intra": {"avg_msg_size=any": {"algorithm=X": {}}},
+                                        **KNOWN["collective=allreduce"]},
                "collective=barrier": {"algorithm=Y": {}}}
     tree = json.loads(json.dumps(export.mpich_json(PROF, 4, default)))
     node = tree["collective=allreduce"]["comm_type=intra"]
@@ -53,3 +59,15 @@ def test_mpich_json_puts_the_bands_in_front_of_the_default():
     assert ours["avg_msg_size<=557055"] == {"algorithm=MPIR_Allreduce_intra_recursive_doubling": {}}
     assert ours["avg_msg_size=any"] == {"algorithm=MPIR_Allreduce_intra_ring": {}}
     assert tree["collective=barrier"] == default["collective=barrier"]
+
+
+def test_mpich_json_uses_only_algorithms_the_library_names():
+    """MPICH 4.0 has no ring all-reduce (its tree never names it, and an unknown key aborts
+    MPI_Init): that band keeps MPICH's own choice."""
+    default = {"collective=allreduce": {"comm_type=intra": {"avg_msg_size=any": {"algorithm=X": {}}},
+                                        "comm_type=inter": {"avg_msg_size=any": {
+                                            "algorithm=MPIR_Allreduce_intra_recursive_doubling": {}}}}}
+    ours = export.mpich_json(PROF, 4, default)["collective=allreduce"]["comm_type=intra"]["comm_size<=4"]
+    assert ours["avg_msg_size<=557055"] == {"algorithm=MPIR_Allreduce_intra_recursive_doubling": {}}
+    assert ours["avg_msg_size=any"] == default["collective=allreduce"]["comm_type=intra"]
+    assert "MPIR_Allreduce_intra_ring" not in json.dumps(ours)
