@@ -2,9 +2,9 @@
 
     python -m ringmpi.launch -n 4 [--timeout S] -- .venv/bin/python -m ringmpi bench
 
-- finds `mpirun`/`mpiexec`: $MPIRUN, then next to this Python, then next to the program's
-  Python (a command starting with .venv/bin/python finds the Open MPI wheel's mpirun there),
-  then the project's .venv, then PATH;
+- finds `mpirun`/`mpiexec`: $MPIRUN, then next to the program's Python (a command starting
+  with .venv/bin/python finds the Open MPI wheel's mpirun there: the launcher of the MPI
+  that program links), then next to this Python, then the project's .venv, then PATH;
 - Open MPI: --oversubscribe (more ranks than cores is the laptop case) and, as root, the two
   variables that allow it; more ranks than cores: the MPI's "yield when idle" knob, so that
   waiting ranks give their core away instead of spinning (Open MPI mpi_yield_when_idle;
@@ -39,10 +39,11 @@ def find_mpirun(program: list[str] | None = None) -> list[str]:
     env = os.environ.get("MPIRUN")
     if env:
         return shlex.split(env)
-    dirs = [Path(sys.executable).parent]
-    if program:
-        dirs.append(Path(program[0]).parent)
-    dirs.append(Path(__file__).resolve().parents[2] / ".venv" / "bin")
+    # the program's own launcher first: its Python links the MPI library the job must run
+    # (a system python's /usr/bin may hold another MPI's mpirun, whose ranks would each be
+    # a job of one)
+    dirs = [Path(program[0]).parent] if program and Path(program[0]).parent != Path(".") else []
+    dirs += [Path(sys.executable).parent, Path(__file__).resolve().parents[2] / ".venv" / "bin"]
     for d in dirs:
         for name in ("mpirun", "mpiexec"):
             if (d / name).exists():

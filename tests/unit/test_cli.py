@@ -95,3 +95,17 @@ def test_help_and_version():
         out = ringmpi([sub, "--help"]).stdout
         assert "(default:" in out or sub in ("demo",), sub  # every option shows its default
         assert "--help" in out
+
+
+def test_the_launcher_of_the_programs_own_python_comes_first(tmp_path, monkeypatch):
+    """A system python's folder may hold another MPI's mpirun (Debian's /usr/bin): the one
+    beside the program's Python is the launcher of the MPI that program links."""
+    from ringmpi.tools import launch
+    mine, other = tmp_path / "venv" / "bin", tmp_path / "usr" / "bin"
+    for d in (mine, other):
+        d.mkdir(parents=True)
+        (d / "mpirun").write_text("#!/bin/sh\n")
+    monkeypatch.delenv("MPIRUN", raising=False)
+    monkeypatch.setattr(launch.sys, "executable", str(other / "python3"))
+    assert launch.find_mpirun([str(mine / "python"), "x.py"]) == [str(mine / "mpirun")]
+    assert launch.find_mpirun(["python", "x.py"]) == [str(other / "mpirun")]   # no folder: this Python's
