@@ -14,6 +14,7 @@
 - RINGMPI_ABORT_ON_EXCEPTION=1 unless set: an uncaught exception on one rank aborts the job;
 - the environment of an enclosing MPI job (PMI_*, PMIX_*, OMPI_COMM_*, HYDRA_*) is dropped,
   so a job started from inside another one does not join it;
+- --hosts node1:8,node2:8 in the launcher's own spelling (Open MPI --host, MPICH -hosts);
 - --timeout S kills the whole job after S seconds and exits 124 (default: no deadline).
 """
 from __future__ import annotations
@@ -91,13 +92,19 @@ def is_open_mpi(cmd: list[str]) -> bool:
     return "Open MPI" in out or "OpenRTE" in out or "prterun" in out or "PRRTE" in out
 
 
-def mpirun_command(n: int, argv: list[str], extra: list[str] | None = None) -> list[str]:
+def mpirun_command(n: int, argv: list[str], extra: list[str] | None = None, hosts: str = "") -> list[str]:
+    """The launcher's command line. `hosts` ("node1:8,node2:8"), in each launcher's own
+    spelling: Open MPI's --host, MPICH's (hydra) -hosts; their hostfile formats differ
+    ("node1 slots=8" against "node1:8"), this list does not."""
     cmd = find_mpirun(argv)
     flags = ["-n", str(n)]
-    if is_open_mpi(cmd):
+    ompi = is_open_mpi(cmd)
+    if ompi:
         flags = ["--oversubscribe", *flags]
         if n > (os.cpu_count() or n):
             flags += ["--mca", "mpi_yield_when_idle", "1"]
+    if hosts:
+        flags += ["--host" if ompi else "-hosts", hosts]
     return cmd + flags + list(extra or []) + argv
 
 
@@ -122,6 +129,7 @@ def main(args: list[str] | None = None) -> int:
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("-n", "--np", type=int, default=4, help="number of ranks")
     ap.add_argument("--timeout", type=float, default=0, help="seconds before the whole job is killed (0: never)")
+    ap.add_argument("--hosts", default="", help="hosts and their slots, 'node1:8,node2:8' (any MPI's launcher)")
     ap.add_argument("--mpi-args", default="", help="extra launcher flags, e.g. '--hostfile hosts'")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
     ns = ap.parse_args(args)
@@ -130,7 +138,7 @@ def main(args: list[str] | None = None) -> int:
         ap.error("no command given (put it after --)")
     if ns.np < 1:
         ap.error(f"-n must be at least 1, got {ns.np}")
-    cmd = mpirun_command(ns.np, argv, shlex.split(ns.mpi_args))
+    cmd = mpirun_command(ns.np, argv, shlex.split(ns.mpi_args), ns.hosts)
     proc = subprocess.Popen(cmd, env=job_environment(ns.np), start_new_session=True)
     try:
         return proc.wait(timeout=ns.timeout or None)

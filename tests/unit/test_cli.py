@@ -109,3 +109,12 @@ def test_the_launcher_of_the_programs_own_python_comes_first(tmp_path, monkeypat
     monkeypatch.setattr(launch.sys, "executable", str(other / "python3"))
     assert launch.find_mpirun([str(mine / "python"), "x.py"]) == [str(mine / "mpirun")]
     assert launch.find_mpirun(["python", "x.py"]) == [str(other / "mpirun")]   # no folder: this Python's
+
+
+def test_hosts_are_spelled_for_the_launcher(tmp_path, monkeypatch):
+    from ringmpi.tools import launch
+    monkeypatch.setenv("MPIRUN", "mpiexec")
+    monkeypatch.setattr(launch, "is_open_mpi", lambda cmd: True)
+    assert launch.mpirun_command(2, ["prog"], hosts="a:1,b:1")[-3:] == ["--host", "a:1,b:1", "prog"]
+    monkeypatch.setattr(launch, "is_open_mpi", lambda cmd: False)
+    assert launch.mpirun_command(2, ["prog"], hosts="a:1,b:1") == ["mpiexec", "-n", "2", "-hosts", "a:1,b:1", "prog"]
