@@ -9,7 +9,8 @@
 # 10.77.0.254) and removes them, the bridge and its /etc/hosts lines on exit. RUN_CMD
 # replaces the benchmark (e.g. RUN_CMD="$PWD/.venv/bin/python -m mpi4py -m pytest tests/mpi"),
 # EXTRA_MPI_ARGS adds launcher flags, and RATE=1gbit shapes every host's egress with an HTB
-# class at that rate (tc), as a 1 Gbit/s NIC. Exit status 3: namespaces cannot be made here.
+# class at that rate (tc), as a 1 Gbit/s NIC; SYSCTL="key=value ..." sets kernel settings in every
+# host (e.g. net.ipv4.tcp_slow_start_after_idle=0). Exit status 3: namespaces cannot be made here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LAYOUT=${1:-4}; shift || true
@@ -55,6 +56,7 @@ for i in $(seq 0 $((HOSTS - 1))); do
     ip netns exec $h tc class add dev eth0 parent 1: classid 1:10 htb rate "$RATE" ceil "$RATE"
     ip netns exec $h tc qdisc add dev eth0 parent 1:10 handle 10: pfifo limit 10000  # deep: no drops
   fi
+  for kv in ${SYSCTL:-}; do ip netns exec $h sysctl -q -w "$kv"; done   # e.g. SYSCTL=net.ipv4.tcp_slow_start_after_idle=0
   echo "10.77.0.$((i + 1)) $h # ringmpi-multihost" >> /etc/hosts
   echo "$h slots=$PER" >> "$WORK/hosts"
 done
