@@ -298,20 +298,21 @@ def device_backend(buf: Any) -> Any:
 
 class DeviceGroup(CountedMemory, PrivateMemory, ReceiveThenReduce):
     """The communicator's transport for calls on device buffers of one backend (kept on
-    that transport: `parent.device(backend, support)`). `aware`: messages go to MPI as
+    that transport: `parent.device(backend, aware)`). `aware`: messages go to MPI as
     device addresses; otherwise through `chunk`-byte pinned host buffers, pipelined."""
 
-    def __init__(self, parent: Any, backend: Any, support: Support, alpha: float, beta: float) -> None:
+    def __init__(self, parent: Any, backend: Any, aware: bool, alpha: float, beta: float) -> None:
         self.parent = parent
         self.rank, self.size = parent.rank, parent.size
         self.backend = backend
-        self.support = support
-        self.aware = support.aware
+        self.aware = aware
         self.pool = ScratchPool(backend)
         self.alpha, self.beta = alpha, beta
         self.chunk_fixed = 0            # RINGMPI_STAGE_CHUNK (bytes), 0: chunk_bytes()
-        self._host: list[np.ndarray] = []   # pinned staging buffers, grow-only: 2 send + 2 receive
-        self._slots: list[np.ndarray] = []  # pinned whole-buffer staging (MPI's own, fan-in/out)
+        # pinned host buffers, grow-only, reused by every staged operation (each one's copies
+        # end before it returns): slots 0-3 the pipeline's two send and two receive chunks,
+        # whole buffers (MPI's own, fan-in/out) from slot 0 on
+        self._slots: list[np.ndarray] = []
         self.staged_bytes = 0
         self.memory = backend.name + ":"    # auto tunes device calls apart from host ones
         self.tuners = LRU(256)              # online tuning of auto on this memory (ringmpi.auto)
@@ -353,13 +354,6 @@ class DeviceGroup(CountedMemory, PrivateMemory, ReceiveThenReduce):
     def split_nodes(self) -> tuple[Any, Any]:
         raise ValueError("device buffers: hierarchical is not available")
 
-    def _staging(self, nbytes: int) -> list[np.ndarray]:
-        """Four pinned host buffers of at least nbytes each (two to send, two to receive)."""
-        if not self._host or self._host[0].nbytes < nbytes:
-            size = max(nbytes, 2 * self._host[0].nbytes if self._host else 0)
-            self._host = [self.backend.pinned(size) for _ in range(4)]
-        return self._host
-
     def chunk(self, nbytes: int) -> int:
         return self.chunk_fixed or chunk_bytes(nbytes, self.alpha, max(self.beta, D2H_BETA))
 
@@ -386,7 +380,7 @@ class DeviceGroup(CountedMemory, PrivateMemory, ReceiveThenReduce):
         c = max(item, self.chunk(max(s_n, r_n)) // item * item)
         ce = c // item                                   # elements per chunk
         k_n = max(-(-max(s_n, r_n) // c), 1)
-        hs0, hs1, hr0, hr1 = self._staging(c)
+        hs0, hs1, hr0, hr1 = (self._whole(i, c, np.uint8) for i in range(4))
         hs, hr = (hs0, hs1), (hr0, hr1)
         s_el = sendbuf.size if sendbuf is not None else 0
         r_el = recvbuf.size if recvbuf is not None else 0
@@ -460,11 +454,10 @@ class DeviceGroup(CountedMemory, PrivateMemory, ReceiveThenReduce):
         device memory (and its NaN rule does not need the host), else the whole buffers
         staged through the host around it (what mpi4jax and others do)."""
         nan_rule = call.op in ("MAX", "MIN") and call.dtype.kind == "f"
+        self.backend.ready()
         if self.aware and not nan_rule:
-            self.backend.ready()
             call.collective.mpi(self, call)    # its scratch and copies on the device, its MPI call on ours
             return
-        self.backend.ready()
         bufs = [b for b in (call.send, call.recv) if b is not None]
         if call.inplace:    # one buffer, the other a view of it (or itself): one host copy of the larger
             whole = max(bufs, key=lambda b: b.size)

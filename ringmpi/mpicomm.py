@@ -376,7 +376,7 @@ class MPITransport(CountedMemory, PrivateMemory, ReceiveThenReduce):
         if g is None:
             prof = self.profile
             alpha, beta = (prof.alpha, prof.beta) if prof is not None else (5e-6, 1 / 10e9)
-            g = self.devices[backend.name] = DeviceGroup(self, backend, cuda_support(), alpha, beta)
+            g = self.devices[backend.name] = DeviceGroup(self, backend, aware, alpha, beta)
         g.aware = aware
         g.chunk_fixed = settings().stage_chunk
         return g

@@ -170,10 +170,10 @@ def test_scratch_and_staging_buffers_are_kept_between_calls():
     x = dev(data(4096 * P, "float32", 1))
     ringmpi.allreduce(x, algorithm="ring")
     g = group(None).devices["fake-device"]
-    hosts = [id(h) for h in g._host]
+    hosts = [id(h) for h in g._slots]
     for _ in range(3):
         ringmpi.allreduce(x, algorithm="ring")
-    assert [id(h) for h in g._host] == hosts, "staging buffers reallocated for calls of the same size"
+    assert [id(h) for h in g._slots] == hosts, "staging buffers reallocated for calls of the same size"
     assert cai_span(x)[1] - cai_span(x)[0] == x.nbytes
 
 
