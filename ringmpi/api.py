@@ -93,15 +93,18 @@ class Edge:
         if not buf.flags.c_contiguous:
             self.fail(f"{name} must be C-contiguous (got strides {buf.strides} for shape "
                       f"{buf.shape}); pass np.ascontiguousarray({name})")
-        dt = buf.dtype
-        canonical = _CANONICAL.get((dt.kind, dt.itemsize))
-        if canonical is None or not dt.isnative:
-            self.fail(f"{name} has dtype {buf.dtype}; expected one of "
-                      f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}")
+        canonical = self._canonical(name, buf.dtype)
         if writable and not buf.flags.writeable:
             self.fail(f"{name} is read-only; the result needs a writable buffer")
         flat = buf.reshape(-1) if type(buf) is np.ndarray else buf.view(np.ndarray).reshape(-1)
-        return flat if dt.char == canonical.char else flat.view(canonical)
+        return flat if buf.dtype.char == canonical.char else flat.view(canonical)
+
+    def _canonical(self, name: str, dt: np.dtype) -> np.dtype:
+        """The one dtype ringmpi sends for `dt` (see _CANONICAL); an error for a dtype MPI lacks."""
+        canonical = _CANONICAL.get((dt.kind, dt.itemsize))
+        if canonical is None or not dt.isnative:
+            self.fail(f"{name} has dtype {dt}; expected one of {', '.join(str(d) for d in SUPPORTED_DTYPES)}")
+        return canonical
 
     def _device_array(self, name: str, buf: Any, writable: bool) -> Any:
         """A device array (`ringmpi.device`), flat, after the same checks as a host one."""
@@ -112,9 +115,7 @@ class Edge:
             self.fail(f"{name} must be C-contiguous (got strides "
                       f"{buf.__cuda_array_interface__.get('strides')} for shape {buf.shape})")
         dt = np.dtype(buf.dtype)
-        canonical = _CANONICAL.get((dt.kind, dt.itemsize))
-        if canonical is None or not dt.isnative:
-            self.fail(f"{name} has dtype {dt}; expected one of {', '.join(str(d) for d in SUPPORTED_DTYPES)}")
+        canonical = self._canonical(name, dt)
         if writable and cai_readonly(buf):
             self.fail(f"{name} is read-only; the result needs a writable buffer")
         flat = buf.reshape(-1)
