@@ -22,6 +22,8 @@ order) by reducing order-preserving integer keys instead of the floats.
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import sys
 import time
 import traceback
@@ -58,50 +60,45 @@ def mpi4py_version() -> str:
     return mpi4py.__version__
 
 
-_SUPPORT: dict = {}
-
-
 def cuda_support() -> Any:
     """Whether this MPI library can read CUDA device memory, and how that was decided
-    (`device.Support`; asked once per process): the MPI-4.1 info key
-    `mpi_memory_alloc_kinds` of COMM_WORLD (lists `cuda:device` when it can), then the
-    non-standard `MPIX_Query_cuda_support()` resolved with ctypes from the loaded library
-    (Open MPI, MPICH), else no (staging is always safe). RINGMPI_CUDA_AWARE=0 stages
-    regardless; =1 is believed only where the library gave no answer."""
+    (`device.Support`): the library's answer (`_library_cuda_support`, asked once per
+    process) under the setting: RINGMPI_CUDA_AWARE=0 stages regardless; =1 is believed only
+    where the library gave no answer."""
     forced = settings().cuda_aware
-    key = forced
-    if key in _SUPPORT:
-        return _SUPPORT[key]
-    said: Support | None = None
+    said = _library_cuda_support()
+    if forced == "0":
+        return Support(False, "RINGMPI_CUDA_AWARE=0" + (f"; the library: {said}" if said else ""))
+    if forced == "1":
+        if said is not None and not said.aware:
+            return Support(False, f"RINGMPI_CUDA_AWARE=1 refused: {said.how}")
+        return Support(True, "RINGMPI_CUDA_AWARE=1" + (f"; the library: {said.how}" if said else
+                                                         ", the library gives no answer"))
+    return said if said is not None else Support(False, "the library gives no answer (no "
+                                                        "mpi_memory_alloc_kinds, no MPIX_Query_cuda_support)")
+
+
+@functools.cache
+def _library_cuda_support() -> Any:
+    """The library's own answer, or None: the MPI-4.1 info key `mpi_memory_alloc_kinds` of
+    COMM_WORLD (lists `cuda:device` when it can), then the non-standard
+    `MPIX_Query_cuda_support()` resolved with ctypes from the loaded library (Open MPI,
+    MPICH)."""
     info = MPI.COMM_WORLD.Get_info()
     try:
         kinds = info.Get("mpi_memory_alloc_kinds")
     finally:
         info.Free()
     if kinds is not None:
-        said = Support("cuda" in kinds.split(",") or any(k.startswith("cuda:") for k in kinds.split(",")),
+        return Support(any(k == "cuda" or k.startswith("cuda:") for k in kinds.split(",")),
                        f"mpi_memory_alloc_kinds = {kinds!r}")
-    else:
-        try:
-            import ctypes
-            fn = ctypes.CDLL(MPI.__file__).MPIX_Query_cuda_support
-            fn.restype = ctypes.c_int
-            said = Support(bool(fn()), f"MPIX_Query_cuda_support() = {fn()}")
-        except (OSError, AttributeError):
-            said = None
-    if forced == "0":
-        out = Support(False, "RINGMPI_CUDA_AWARE=0" + (f"; the library: {said}" if said else ""))
-    elif forced == "1":
-        if said is not None and not said.aware:
-            out = Support(False, f"RINGMPI_CUDA_AWARE=1 refused: {said.how}")
-        else:
-            out = Support(True, "RINGMPI_CUDA_AWARE=1" + (f"; the library: {said.how}" if said else
-                                                            ", the library gives no answer"))
-    else:
-        out = said if said is not None else Support(False, "the library gives no answer (no "
-                                                          "mpi_memory_alloc_kinds, no MPIX_Query_cuda_support)")
-    _SUPPORT[key] = out
-    return out
+    try:
+        fn = ctypes.CDLL(MPI.__file__).MPIX_Query_cuda_support
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int
+    answer = fn()
+    return Support(bool(answer), f"MPIX_Query_cuda_support() = {answer}")
 
 
 def _byte_pieces(span: tuple[int, int] | None, max_count: int) -> list:
