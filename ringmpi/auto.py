@@ -120,11 +120,15 @@ def predict_time(collective: str, algorithm: str, p: int, count: int, itemsize: 
     return min(others) - prof.overhead
 
 
-def _predicted_choice(t: Any, call: Call, prof: Profile, native_ok: bool) -> dict:
+def _predicted_choice(t: Any, call: Call, prof: Profile, native_ok: bool, native_extra: float = 0.0) -> dict:
+    """The lowest predicted time under `prof`; MPI's own pays `native_extra` more (device
+    buffers staged whole through the host) and wins near-ties (MARGIN)."""
     collective = call.collective.name
     algs = [_alg.get(collective, a) for a in _alg.names(collective)]
     preds = {a.name: predict_time(collective, a.name, t.size, call.count, call.itemsize, prof)
              for a in algs if (native_ok or a.cost is not None) and not a.why_not(t)}
+    if "mpi" in preds:
+        preds["mpi"] += native_extra
     best = min(preds, key=preds.get)
     if "mpi" in preds and best != "mpi" and preds[best] > MARGIN * preds["mpi"]:
         best = "mpi"
@@ -169,12 +173,8 @@ def choose(t: Any, call: Call) -> dict:
             if st.tune and learned is not None:
                 tuner = t.tuners.put(key, Tuner(key, names, t.rank == 0 and st.info, learned))
                 return tuner.pick()
-            choice = _predicted_choice(t, call, prof, native_ok)
-            preds = choice["predicted_s"]
-            if where and "mpi" in preds and not t.aware:   # MPI's own on staged whole buffers
-                preds["mpi"] += 2 * nbytes * D2H_BETA
-                choice["algorithm"] = min(preds, key=preds.get)
-                choice["why"] += ", MPI's own staged whole"
+            staged = 2 * nbytes * D2H_BETA if where and not t.aware else 0.0   # MPI's own on staged whole buffers
+            choice = _predicted_choice(t, call, prof, native_ok, staged)
         choice.update(collective=collective, bytes=nbytes)
         t.choices.put(ckey, choice)
         if st.info and t.rank == 0:
