@@ -51,6 +51,7 @@ from ..errors import RingmpiUsageError
 from ..ops import OPS, SUPPORTED_DTYPES, check_op_dtype
 from ..units import SIZE_HELP, size_label
 from . import args
+from .info import environment
 from .report import best_bands, write_report
 
 __all__ = ["add_parser", "exact_input", "Case", "Options", "run", "options"]
@@ -215,16 +216,10 @@ def time_interleaved(t, runners: dict[str, Callable[[], object]], iters: int, wa
 
 
 def banner(t: Any) -> dict:
-    from ..mpicomm import cuda_support, library_version, mpi4py_version, mpi_standard
-    hosts = t.hostnames()
-    support = cuda_support()
-    return {"ringmpi": __version__, "mpi_library": library_version(), "mpi4py": mpi4py_version(),
-            "numpy": np.__version__, "python": platform.python_version(), "ranks": t.size,
-            "hosts": sorted(set(hosts)), "ranks_per_host": {h: hosts.count(h) for h in sorted(set(hosts))},
-            "backend": t.backend.name, "mpi_version": mpi_standard(),
+    """The report's first lines: where it ran (`info.environment`), the backend, the date."""
+    return {**environment(t), "backend": t.backend.name,
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "machine": platform.machine(), "cpus_per_host": os.cpu_count(),
-            "cuda_aware": support.aware, "cuda_aware_how": support.how}
+            "machine": platform.machine(), "cpus_per_host": os.cpu_count()}
 
 
 def _progress(total: int, enabled: bool):

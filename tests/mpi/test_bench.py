@@ -146,3 +146,13 @@ def test_train_on_cuda_without_cupy_is_a_usage_error(capsys):
         pass
     assert main(["train", "--device", "cuda", "--steps", "1", "--quiet"]) == 2
     assert "--device cuda: device 'cuda' needs cupy" in capsys.readouterr().err
+
+
+def test_info_says_what_the_mpi_reads_and_how_it_was_decided(capsys):
+    assert COMM.allgather(main(["info"])) == [0] * P
+    if R == 0:
+        out = capsys.readouterr().out
+        assert f"job: {P} rank(s) on " in out and "MPI library: " in out
+        assert "reads CUDA device memory: no (" in out   # neither wheel reads device memory
+        assert "mpi_memory_alloc_kinds" in out or "MPIX_Query_cuda_support() = 0" in out
+        assert "all-reduce algorithms that can run here: ring" in out
