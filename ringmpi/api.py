@@ -387,8 +387,6 @@ def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice:
             if not tuner.left:
                 return monitored(t, tuner, run, sendbuf, recvbuf)
         c, result = spec.prepare(Edge(spec.name, t), **spec.with_buffers(bare, sendbuf, recvbuf))
-        if dev is not None and (isinstance(c.send, np.ndarray) or device_backend(c.send) is not dev.backend):
-            return slow(sendbuf, recvbuf)   # not the memory this plan was made for
         t.begin(label)
         try:
             _run_body(t, dev, alg, c._replace(params=params))
