@@ -24,7 +24,7 @@ from . import settings as settings_module
 from .call import Call
 from .device import cai_contiguous, cai_readonly, cai_span, device_backend, is_device
 from .errors import RingmpiError, RingmpiUsageError
-from .ops import SUPPORTED_DTYPES, check_op_dtype
+from .ops import CANONICAL, SUPPORTED_DTYPES, check_op_dtype
 from .settings import log, settings
 from .transport import PLANS, forget_plans
 
@@ -36,7 +36,6 @@ __all__ = ["execute", "Edge", "group", "algorithms", "last_choice", "send_recv_p
 #: (kind, itemsize) -> the one dtype ringmpi uses for it: numpy's 'q' and 'l' (both int64 on
 #: Linux) are the same numbers, but mpi4py maps them to MPI_LONG_LONG and MPI_LONG, whose
 #: mismatch it refuses; a buffer is viewed as the canonical dtype before it reaches MPI
-_CANONICAL = {(d.kind, d.itemsize): d for d in SUPPORTED_DTYPES}
 _MPI: list[Any] = []
 
 
@@ -100,8 +99,8 @@ class Edge:
         return flat if buf.dtype.char == canonical.char else flat.view(canonical)
 
     def _canonical(self, name: str, dt: np.dtype) -> np.dtype:
-        """The one dtype ringmpi sends for `dt` (see _CANONICAL); an error for a dtype MPI lacks."""
-        canonical = _CANONICAL.get((dt.kind, dt.itemsize))
+        """The one dtype ringmpi sends for `dt` (see CANONICAL); an error for a dtype MPI lacks."""
+        canonical = CANONICAL.get((dt.kind, dt.itemsize))
         if canonical is None or not dt.isnative:
             self.fail(f"{name} has dtype {dt}; expected one of {', '.join(str(d) for d in SUPPORTED_DTYPES)}")
         return canonical
@@ -407,9 +406,9 @@ def mpi_reference(t: Any, spec: Any, args: dict) -> Callable:
 
 
 def monitored(t: Any, tuner: Any, plan: Callable, sendbuf: Any, recvbuf: Any) -> Any:
-    """Every SAMPLE-th call of a tuned bucket: timed for the tuner, whose decision (a switch
-    empties the plan cache) comes at the same call on every rank."""
-    tuner.left = tuner.SAMPLE + 1  # the plan's own count takes one
+    """Every `tuner.sample`-th call of a tuned bucket: timed for the tuner, whose decision (a
+    switch empties the plan cache) comes at the same call on every rank."""
+    tuner.left = tuner.sample + 1  # the plan's own count takes one
     t0 = time.perf_counter()
     out = plan(sendbuf, recvbuf)
     if tuner.done(t, tuner.winner, time.perf_counter() - t0):
@@ -417,44 +416,52 @@ def monitored(t: Any, tuner: Any, plan: Callable, sendbuf: Any, recvbuf: Any) ->
     return out
 
 
-def send_recv_plan(t: Any, function: str, op: str | None, shape: tuple, label: str, choice: dict,
-                   slow: Callable, tuner: Any = None) -> Callable:
+def send_recv_plan(t: Any, function: str, op: str | None, shape: tuple, dtype: np.dtype, label: str,
+                   choice: dict, slow: Callable, tuner: Any = None) -> Callable:
     """The library's `function(send, recv[, op])` on the user's arrays: a new result array
-    of `shape` when recvbuf is None, IN_PLACE when recvbuf is sendbuf. This is the fast
-    path's hot loop: no validation beyond what the plan's key guarantees, and anything
-    the key does not cover (overlapping buffers, a read-only result: mpi4py's BufferError;
-    equal dtypes that mpi4py maps to different MPI types, 'l' and 'q': its ValueError; both
-    raised before any message moves) goes to the full path, which explains or serves it."""
-    fn, mpi_op, in_place = t.direct(function, op)
+    of `shape` and `dtype` when recvbuf is None, IN_PLACE when recvbuf is sendbuf. This is
+    the fast path's hot loop: no validation beyond what the plan's key guarantees, and
+    anything the key does not cover (overlapping buffers, a read-only result: mpi4py's
+    BufferError; equal dtypes that mpi4py maps to different MPI types, 'l' and 'q': its
+    ValueError; both raised before any message moves) goes to the full path, which
+    explains or serves it. `run.same_buffers` skips the overlap test: for a caller that
+    passes the very arrays (by identity) that passed it before (an array's memory never
+    moves)."""
+    fn, mpi_op, in_place, mpi_type = t.direct(function, op, dtype)
     empty, may_share = np.empty, np.may_share_memory
     if len(shape) == 1:
         shape = shape[0]  # np.empty(n) is faster than np.empty((n,))
 
-    def run(sendbuf: Any, recvbuf: Any) -> Any:
-        if tuner is not None:
-            tuner.left -= 1
-            if not tuner.left:
-                return monitored(t, tuner, run, sendbuf, recvbuf)
-        if recvbuf is None:
-            recvbuf, send = empty(shape, sendbuf.dtype), sendbuf
-        elif recvbuf is sendbuf:
-            send = in_place
-        elif (sendbuf.base is not None or recvbuf.base is not None) and may_share(sendbuf, recvbuf):
-            return slow(sendbuf, recvbuf)
-        else:
-            send = sendbuf
-        t.seq += 1
-        t.busy = label
-        try:
-            fn(send, recvbuf, mpi_op) if mpi_op is not None else fn(send, recvbuf)
-        except (BufferError, ValueError):
-            t.seq -= 1
+    def make(check: bool) -> Callable:
+        def run(sendbuf: Any, recvbuf: Any) -> Any:
+            if tuner is not None:
+                tuner.left -= 1
+                if not tuner.left:
+                    return monitored(t, tuner, run, sendbuf, recvbuf)
+            if recvbuf is None:
+                recvbuf = empty(shape, dtype)
+                send = (sendbuf, mpi_type)
+            elif recvbuf is sendbuf:
+                send = in_place
+            elif check and (sendbuf.base is not None or recvbuf.base is not None) and may_share(sendbuf, recvbuf):
+                return slow(sendbuf, recvbuf)
+            else:
+                send = (sendbuf, mpi_type)
+            t.seq += 1
+            t.busy = label
+            try:
+                fn(send, (recvbuf, mpi_type), mpi_op) if mpi_op is not None else fn(send, (recvbuf, mpi_type))
+            except (BufferError, ValueError):
+                t.seq -= 1
+                t.busy = None
+                return slow(sendbuf, recvbuf)
             t.busy = None
-            return slow(sendbuf, recvbuf)
-        t.busy = None
-        t.last_choice = choice
-        return recvbuf
-    return run
+            t.last_choice = choice
+            return recvbuf
+        return run
+    checked = make(True)
+    checked.same_buffers = make(False)  # type: ignore[attr-defined]
+    return checked
 
 
 def call_plan(t: Any, function: str, build: Callable, label: str, choice: dict, slow: Callable,

@@ -3,12 +3,13 @@ and pruned by the cost model, like NCCL's tuner.
 
 Online tuning (RINGMPI_TUNE=1, the default), per (communicator, collective, dtype, op, size
 bucket = bit length of the byte count): the first calls of the bucket run the candidates
-in two stages (`Tuner`): each once untimed and twice timed, then the ones within 30% of the
-fastest (and MPI's own) three more times; the candidates are MPI's own and every algorithm whose formula
-predicts at most 3x the best formula's time. Timings are combined across ranks with MAX, so
-every rank picks the same winner. The winner is then monitored (every 16th call timed; every 16 samples the
-median, again MAX over ranks) and replaced by the runner-up only when it is >= 10% slower
-than the runner-up's tuned time. A calibrated profile that measured every candidate at that
+in two stages (`Tuner`), each candidate's calls back to back: each once untimed and once
+timed, then the ones within 2x of the fastest (and MPI's own) three more times; the
+candidates are MPI's own and every algorithm whose formula predicts at most 3x the best
+formula's time. Timings are combined across ranks with MAX, so every rank picks the same
+winner. The winner is then monitored (one call in 4 to 256 timed, so that timing costs
+about 1% of the bucket's time; every 16 samples the median, again MAX over ranks) and
+replaced by the runner-up only when it is >= 10% slower than the runner-up's tuned time. A calibrated profile that measured every candidate at that
 size, or a profile holding what an earlier run learned (`save_learned`), seeds the choice
 without exploration. RINGMPI_TUNE=0 keeps the prediction below alone.
 
@@ -217,7 +218,11 @@ class Tuner:
     candidates: list
     verbose: bool = False
     seed: dict | None = None
-    PRUNE0, STAGE1, KEEP, SAMPLE, CHECK, HYSTERESIS = 2.0, 3, 2, 16, 16, 1.10
+    PRUNE0, STAGE1, KEEP, CHECK, HYSTERESIS = 2.0, 3, 2, 16, 1.10
+    # monitoring: a timed call costs about SAMPLE_COST more (two clock reads, the tuner's
+    # bookkeeping, 1/CHECK of a MAX exchange); one call in `sample` is timed, so that this
+    # stays near SHARE of the bucket's time: every 50th of 1 us calls, every 4th of 1 ms ones
+    SAMPLE_COST, SHARE, SAMPLE_MIN, SAMPLE_MAX = 5e-7, 0.01, 4, 256
     winner: str | None = None
     tuned: dict = field(default_factory=dict)
     times: dict = field(default_factory=dict)
@@ -225,6 +230,7 @@ class Tuner:
     schedule: list = field(default_factory=list)
     stage: int = 0
     left: int = 1            # calls until the next timed one (after the exploration)
+    sample: int = SAMPLE_MAX  # one call in `sample` is timed once settled (`_settled`)
     explored_s: float = 0.0  # time spent in exploration calls (this rank, then MAX over ranks)
     explored_calls: int = 0
     calls: int = 0
@@ -232,7 +238,7 @@ class Tuner:
     def __post_init__(self) -> None:
         if self.seed:
             self.winner, self.tuned = self.seed["winner"], dict(self.seed["tuned"])
-            self.left = self.SAMPLE
+            self._settled()
         else:
             self.schedule = [(c, r > 0) for c in self.candidates for r in range(2)]
             self.times = {c: [] for c in self.candidates}
@@ -248,7 +254,7 @@ class Tuner:
         self.left -= 1
         timed = self.left == 0
         if timed:
-            self.left = self.SAMPLE
+            self.left = self.sample
         return {**self.choice(self.winner), "timed": timed}
 
     def choice(self, name: str) -> dict:
@@ -269,6 +275,7 @@ class Tuner:
         if others and now > self.HYSTERESIS * others[0][0]:
             old = self.winner
             self.tuned[old], self.winner = now, others[0][1]
+            self._settled()
             self._say(f"switch {old} -> {self.winner}: {old} now {now * 1e6:.1f} us, "
                       f"{self.winner} tuned {others[0][0] * 1e6:.1f} us")
             return True
@@ -300,10 +307,18 @@ class Tuner:
         self.winner = min(self.tuned, key=self.tuned.get)
         self.explored_s = t.allreduce_max([self.explored_s])[0]
         self.schedule = []
-        self.left = self.SAMPLE
+        self._settled()
         self._say(f"chose {self.winner} after {self.explored_calls} calls (exploration cost "
                   f"{self.exploration_cost * 1e3:.3f} ms over the winner): " +
                   " ".join(f"{a}={v * 1e6:.1f}us" for a, v in sorted(self.tuned.items(), key=lambda kv: kv[1])))
+
+    def _settled(self) -> None:
+        """A winner is set: the monitoring rate from its time (the same on every rank: the
+        tuned times are MAX over ranks, a seed comes from rank 0's profile)."""
+        best = self.tuned.get(self.winner) or 0.0
+        want = self.SAMPLE_COST / (self.SHARE * best) if best > 0 else self.SAMPLE_MAX
+        self.sample = round(min(self.SAMPLE_MAX, max(self.SAMPLE_MIN, want)))
+        self.left = self.sample
 
     def _say(self, text: str) -> None:
         if self.verbose:

@@ -147,7 +147,7 @@ class _Allreduce(Collective):
         t.library("Allreduce", IN_PLACE if call.inplace else call.send, call.recv, call.op)
 
     def direct(self, t, call, args, choice, slow, tuner=None):
-        return send_recv_plan(t, "Allreduce", call.op, args["sendbuf"].shape, "allreduce/mpi",
+        return send_recv_plan(t, "Allreduce", call.op, args["sendbuf"].shape, args["sendbuf"].dtype, "allreduce/mpi",
                               choice, slow, tuner)
 
 
@@ -203,7 +203,7 @@ class _ReduceScatter(Collective):
     def direct(self, t, call, args, choice, slow, tuner=None):
         if call.inplace or args["counts"] is not None or not call.count or call.count % t.size:
             return None  # ringmpi's in-place result sits in block r, MPI's at the front
-        return send_recv_plan(t, "Reduce_scatter_block", call.op, (call.count // t.size,),
+        return send_recv_plan(t, "Reduce_scatter_block", call.op, (call.count // t.size,), args["sendbuf"].dtype,
                               "reduce_scatter/mpi", choice, slow, tuner)
 
 
@@ -258,8 +258,8 @@ class _Allgather(Collective):
     def direct(self, t, call, args, choice, slow, tuner=None):
         if args["counts"] is not None:
             return None
-        return send_recv_plan(t, "Allgather", None, (call.count,), "allgather/mpi", choice, slow,
-                              tuner)
+        return send_recv_plan(t, "Allgather", None, (call.count,), args["sendbuf"].dtype, "allgather/mpi", choice,
+                              slow, tuner)
 
 
 class _Broadcast(Collective):
@@ -359,7 +359,7 @@ class _Alltoall(Collective):
         t.library("Alltoall", IN_PLACE if call.inplace else call.send, call.recv)
 
     def direct(self, t, call, args, choice, slow, tuner=None):
-        return send_recv_plan(t, "Alltoall", None, args["sendbuf"].shape, "alltoall/mpi", choice,
+        return send_recv_plan(t, "Alltoall", None, args["sendbuf"].shape, args["sendbuf"].dtype, "alltoall/mpi", choice,
                               slow, tuner)
 
 
@@ -426,8 +426,11 @@ def allreduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any
     plan = PLANS.get(key := _key(True, _ALLREDUCE, comm, algorithm, id(op), sendbuf, recvbuf))
     if plan is None:
         return execute(_ALLREDUCE, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, op=op), key)
+    # a direct plan's overlap test, done once here for these very arrays (neither is a view)
+    same = getattr(plan, "same_buffers", None)
     m[:] = (weakref.ref(sendbuf), recvbuf if recvbuf is None else True if recvbuf is sendbuf else weakref.ref(recvbuf),
-            op, comm, algorithm, plan)
+            op, comm, algorithm, same if same is not None and (recvbuf is None or recvbuf is sendbuf or (
+                sendbuf.base is None and recvbuf.base is None)) else plan)
     return plan(sendbuf, recvbuf)
 
 

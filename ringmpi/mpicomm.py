@@ -35,7 +35,7 @@ from mpi4py import MPI
 from . import stall
 from .backend import NUMPY, ArrayBackend, ScratchPool
 from .device import DeviceGroup, Support
-from .ops import OPS, op_name
+from .ops import CANONICAL, OPS, op_name
 from .settings import log, settings
 from .transport import IN_PLACE, LRU, CountedMemory, Counters, PrivateMemory, ReceiveThenReduce, forget_plans, split_nodes
 
@@ -43,6 +43,8 @@ __all__ = ["MPI", "MPITransport", "transport", "world_position", "abort_on_excep
 
 INT_MAX = 2**31 - 1
 _MPI_OPS = {name: getattr(MPI, "SUM" if name == "AVG" else name) for name in OPS}  # AVG: a SUM, then / p
+#: numpy type code -> mpi4py's predefined datatype (mpi4py 3 has the table, not the method)
+_type_of_code = getattr(MPI.Datatype, "fromcode", None) or MPI._typedict.__getitem__
 _OTHER_OPS = {n: getattr(MPI, n) for n in ("MAXLOC", "MINLOC", "REPLACE", "NO_OP") if hasattr(MPI, n)}
 
 
@@ -299,10 +301,17 @@ class MPITransport(CountedMemory, PrivateMemory, ReceiveThenReduce):
             self.busy = busy
         return arr.tolist()
 
-    def direct(self, function: str, op: str | None = None) -> tuple[Any, Any, Any]:
-        """(the library's communicator method, its op object, its IN_PLACE) for the fast
-        path's plans, which call MPI with the user's arrays as they are."""
-        return getattr(self.comm, function), _MPI_OPS[op] if op else None, MPI.IN_PLACE
+    def direct(self, function: str, op: str | None = None, dtype: Any = None) -> tuple[Any, Any, Any, Any]:
+        """(the library's communicator method, its op object, its IN_PLACE, the MPI datatype
+        of `dtype`) for the fast path's plans, which call MPI with the user's arrays as they
+        are. A buffer given as (array, datatype) costs mpi4py ~45 ns less per buffer than a
+        bare array (it needs no format string from numpy), and the datatype comes from the
+        canonical dtype, so 'l' and 'q' arrays give every rank the same MPI type."""
+        mpi_type = None
+        if dtype is not None:
+            dt = np.dtype(dtype)
+            mpi_type = _type_of_code(CANONICAL.get((dt.kind, dt.itemsize), dt).char)  # predefined: ops work
+        return getattr(self.comm, function), _MPI_OPS[op] if op else None, MPI.IN_PLACE, mpi_type
 
     def gather_at(self, obj: Any, leader: int = 0) -> list | None:
         """Every rank's `obj` at `leader` (None elsewhere), point to point on the control

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["OPS", "op_name", "check_op_dtype", "SUPPORTED_DTYPES"]
+__all__ = ["OPS", "op_name", "check_op_dtype", "SUPPORTED_DTYPES", "CANONICAL"]
 
 _INT = "iu"
 #: numpy kernel of each predefined MPI operation.
@@ -32,6 +32,9 @@ _VALID_KINDS = {
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (
     "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float32", "float64", "complex64", "complex128", "bool"))
+#: (kind, itemsize) -> the one dtype ringmpi sends for it: numpy's equal-but-distinct dtypes
+#: ('l' and 'q' on LP64) would otherwise reach MPI as different datatypes on different ranks
+CANONICAL = {(d.kind, d.itemsize): d for d in SUPPORTED_DTYPES}
 
 
 def op_name(op: object) -> str:

@@ -255,6 +255,22 @@ def test_platform_integer_aliases():
         assert np.array_equal(ringmpi.allreduce(x, algorithm="ring"), x * P)
 
 
+def test_equal_dtypes_mpi4py_names_differently_mix():
+    """'l' and 'q' (both int64 on LP64) are one MPI datatype for ringmpi: mixed in one call
+    and across ranks (even ranks 'l', odd 'q'), through the fast path's direct MPI call
+    and ringmpi's own, repeated so that the plans serve them."""
+    mine, other = ("l", "q") if R % 2 == 0 else ("q", "l")
+    x = np.arange(6, dtype=mine) + R
+    expect = np.arange(6) * P + P * (P - 1) // 2
+    for alg in ("mpi", "auto", "ring"):
+        for _ in range(3):
+            y = np.empty(6, dtype=other)
+            assert ringmpi.allreduce(x, y, algorithm=alg) is y and np.array_equal(y, expect), alg
+            assert np.array_equal(ringmpi.allreduce(x, algorithm=alg), expect), alg
+            assert np.array_equal(ringmpi.allgather(x, algorithm=alg).reshape(P, 6) - np.arange(P)[:, None],
+                                  np.tile(np.arange(6), (P, 1))), alg
+
+
 def test_int_sum_wraps_like_numpy():
     """Overflowing integer sums wrap (two's complement), as numpy does, on every algorithm."""
     x = np.full(P + 1, 100, dtype=np.int8)

@@ -147,6 +147,22 @@ def test_online_tuning_switches_only_past_the_hysteresis():
     assert changed[-1] is True and tuner.winner == "ring" and tuner.tuned["mpi"] == pytest.approx(13.5e-6)
 
 
+def test_monitoring_costs_about_one_percent_of_the_bucket():
+    """A settled bucket times one call in `sample`: rarely for microsecond calls (a timed
+    call costs ~0.5 us of bookkeeping), often for long ones, within [4, 256]; the rate comes
+    from the tuned times, which every rank shares, and follows a switch of the winner."""
+    key = ("allreduce", "float32", "SUM", 10, ())
+    rate = {w: auto.Tuner(key, ["mpi", "ring"], seed={"winner": "mpi", "tuned": {"mpi": w, "ring": 2 * w}}).sample
+            for w in (1e-7, 1e-6, 1e-5, 1e-3)}
+    assert rate == {1e-7: 256, 1e-6: 50, 1e-5: 5, 1e-3: 4}
+    t = fake_transport(Profile(alpha=5e-6, beta=1 / 5e9, gamma=1 / 10e9), size=2)
+    tuner = auto.Tuner(key, ["mpi", "ring"], seed={"winner": "mpi", "tuned": {"mpi": 1e-6, "ring": 1e-5}})
+    assert tuner.left == tuner.sample == 50
+    for _ in range(tuner.CHECK):             # mpi now 20 us: past ring's 10 us, switch
+        tuner.done(t, "mpi", 2e-5)
+    assert tuner.winner == "ring" and tuner.sample == 5
+
+
 def test_candidates_predicted_far_slower_are_never_tried():
     settings.reload({})
     t = fake_transport(Profile(alpha=5e-6, beta=1 / 5e9, gamma=1 / 10e9), size=8)
