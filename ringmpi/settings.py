@@ -18,6 +18,9 @@ plans and choices compare against.
                          it cannot); 0: stage device buffers through the host; unset: ask
                          the library (`ringmpi info`)
     RINGMPI_STAGE_CHUNK  bytes per chunk of the device staging pipeline (default: its formula)
+    RINGMPI_SHM_CMA      1 (default): on one host, shared-memory algorithms read ordinary
+                         arrays straight from the peer's memory (Linux cross-memory attach)
+                         where every rank may; 0: stage them through shared segments
     RINGMPI_ABORT_ON_EXCEPTION  1: an uncaught exception on one rank prints its traceback
                          and aborts the whole job (MPI_Abort) instead of leaving the other
                          ranks waiting; on by default under `python -m ringmpi.launch`
@@ -51,6 +54,7 @@ class Settings:
     tune: bool = True
     cuda_aware: str = ""        # "", "0" or "1"
     stage_chunk: int = 0        # bytes; 0: the staging pipeline's formula
+    shm_cma: bool = True
     generation: int = 0
 
     def forced(self, collective: str) -> str | None:
@@ -107,7 +111,8 @@ def _read(env: dict, generation: int) -> Settings:
                     stall_warn=_seconds(env, "RINGMPI_STALL_WARN", 60.0),
                     stall_abort=_seconds(env, "RINGMPI_STALL_ABORT", 0.0),
                     profile=env.get("RINGMPI_PROFILE", ""), cuda_aware=_choice(env, "RINGMPI_CUDA_AWARE"),
-                    stage_chunk=_bytes(env, "RINGMPI_STAGE_CHUNK"), generation=generation)
+                    stage_chunk=_bytes(env, "RINGMPI_STAGE_CHUNK"), shm_cma=_choice(env, "RINGMPI_SHM_CMA") != "0",
+                    generation=generation)
 
 
 def _choice(env: dict, name: str) -> str:

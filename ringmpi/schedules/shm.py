@@ -13,8 +13,9 @@ its queue), and the reduce-scatter reduces the neighbour's block straight into i
 (`sendrecv_reduce`, one pass). The blocks a round sends must lie in shared memory: the work
 buffer (the result while it is being built) is in the arena, so only the first round's
 block of the input is copied there, and the result is copied out once at the end; with
-arrays from `ringmpi.shared_empty` nothing is copied at all. Every block is reduced in the
-same order as over MPI: the same bits.
+arrays from `ringmpi.shared_empty`, or where the transport reads ordinary arrays across
+(cross-memory attach, `ringmpi.cma`), nothing is staged at all. Every block is reduced in
+the same order as over MPI: the same bits.
 
 Only for ranks that share one host (`unavailable` otherwise: auto leaves them out).
 """
@@ -36,8 +37,11 @@ def _one_host(t) -> str | None:
 
 
 def _work(s, buf, count, dtype):
-    """`buf` itself when peers can read it in place, else a buffer of the arena."""
-    return buf if buf is not None and s.in_shared(buf) else s.empty(count, dtype)
+    """`buf` itself when peers can read it (in a shared segment, or across with cross-memory
+    attach), else a buffer of the arena."""
+    if buf is not None and (s.in_shared(buf) or s.cross_memory and buf.flags.c_contiguous):
+        return buf
+    return s.empty(count, dtype)
 
 
 def _allreduce_cost(p, count, itemsize, **_):

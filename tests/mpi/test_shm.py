@@ -80,7 +80,54 @@ def test_shared_arrays_are_sent_and_filled_without_a_copy(rng):
     assert out.ravel().tobytes() == ref.tobytes()
     plain = a.copy()
     ringmpi.allreduce(plain, algorithm="ring_shm")
-    assert s.counters.bytes_copied > before           # a numpy array is staged
+    if not s.cross_memory:
+        assert s.counters.bytes_copied > before       # a numpy array is staged (read across otherwise)
+
+
+@pytest.mark.parametrize("cma", ["1", "0"])
+def test_ordinary_arrays_read_across_or_staged_give_the_same_bits(rng, cma):
+    """RINGMPI_SHM_CMA=1 (default): blocks of ordinary arrays from CMA_MIN up are read from
+    the peer's private memory (reduced through the cache-sized chunk, so several chunks and
+    a remainder here), nothing staged; =0: staged through the arena. Either way the ring's
+    bits, MPI's values, the send buffer untouched, for all-reduce (in place too),
+    reduce-scatter, all-gather and broadcast."""
+    import os
+
+    from ringmpi import shm
+    from ringmpi.settings import reload
+    reload({**os.environ, "RINGMPI_SHM_CMA": cma})
+    dup = COMM.Dup()
+    try:
+        s = group(dup).shared()
+        if cma == "0":
+            assert not s.cross_memory
+        for n in (100, 3 * shm.CMA_CHUNK // 4 * P + 7, shm.CMA_MIN // 4 * P + 5):
+            for dtype, op in (("float32", "SUM"), ("float64", "MAX"), ("int64", "BXOR")):
+                x = make_data(rng, dtype, n, op)
+                keep = x.copy()
+                ring = ringmpi.allreduce(x, algorithm="ring", op=op, comm=dup)
+                before = s.counters.bytes_copied
+                got = ringmpi.allreduce(x, algorithm="ring_shm", op=op, comm=dup)
+                staged = s.counters.bytes_copied - before
+                assert got.tobytes() == ring.tobytes() and np.array_equal(x, keep, equal_nan=True)
+                if s.cross_memory and n * x.itemsize // P >= shm.CMA_MIN:
+                    assert staged == 0, staged
+                y = x.copy()
+                ringmpi.allreduce(y, y, algorithm="ring_shm", op=op, comm=dup)
+                assert y.tobytes() == ring.tobytes()
+            x = make_data(rng, "float64", n * P, "SUM", exact=True)
+            total = np.empty_like(x)
+            COMM.Allreduce(x, total)
+            assert np.array_equal(ringmpi.reduce_scatter(x, algorithm="ring_shm", comm=dup), np.split(total, P)[R])
+            part = make_data(rng, "float32", n, "SUM")
+            assert np.array_equal(ringmpi.allgather(part, algorithm="ring_shm", comm=dup),
+                                  np.concatenate(COMM.allgather(part)))
+            b = part.copy() if R == 1 % P else np.zeros_like(part)
+            ringmpi.broadcast(b, 1 % P, algorithm="pipeline_shm", comm=dup)
+            assert np.array_equal(b, COMM.bcast(part if R == 1 % P else None, 1 % P))
+    finally:
+        dup.Free()
+        reload()
 
 
 def test_the_arena_grows_and_nothing_is_left_in_dev_shm(rng):

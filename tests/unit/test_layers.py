@@ -19,7 +19,7 @@ PKG = Path(ringmpi.__file__).parent
 #: lowest first; a module may import modules of its own layer or below (never above)
 LAYERS = [
     ("leaves", {"errors", "units", "call", "transport", "cost", "ops"}),
-    ("memory and settings", {"backend", "settings", "device"}),
+    ("memory and settings", {"backend", "settings", "device", "cma"}),
     ("algorithms and models", {"schedules", "schedules.*", "stall", "model", "calibrate"}),
     ("choice", {"auto"}),
     ("call pipeline", {"api"}),
