@@ -54,7 +54,7 @@ for i in $(seq 0 $((HOSTS - 1))); do
   if [ -n "${RATE:-}" ]; then
     ip netns exec $h tc qdisc add dev eth0 root handle 1: htb default 10 r2q 1000
     ip netns exec $h tc class add dev eth0 parent 1: classid 1:10 htb rate "$RATE" ceil "$RATE"
-    ip netns exec $h tc qdisc add dev eth0 parent 1:10 handle 10: pfifo limit 10000  # deep: no drops
+    ip netns exec $h tc qdisc add dev eth0 parent 1:10 handle 10: ${LEAF:-pfifo limit 10000}  # deep: no drops
   fi
   for kv in ${SYSCTL:-}; do ip netns exec $h sysctl -q -w "$kv"; done   # e.g. SYSCTL=net.ipv4.tcp_slow_start_after_idle=0
   echo "10.77.0.$((i + 1)) $h # ringmpi-multihost" >> /etc/hosts

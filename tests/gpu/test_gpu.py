@@ -20,7 +20,7 @@ except cp.cuda.runtime.CUDARuntimeError as e:   # no driver
 
 COMM = MPI.COMM_WORLD
 P, R = COMM.size, COMM.rank
-HOST_ONLY = {"ring_shm", "pipeline_shm", "hierarchical"}
+HOST_ONLY = {"ring_shm", "pipeline_shm", "hierarchical", "hierarchical_oneway"}
 OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
 
 

@@ -19,7 +19,7 @@ from ringmpi.errors import RingmpiUsageError
 
 COMM = MPI.COMM_WORLD
 P, R = COMM.size, COMM.rank
-HOST_ONLY = {"ring_shm", "pipeline_shm", "hierarchical"}
+HOST_ONLY = {"ring_shm", "pipeline_shm", "hierarchical", "hierarchical_oneway"}
 
 
 @pytest.fixture(params=["staged", "staged-small-chunks", "aware"])

@@ -114,6 +114,15 @@ def test_bad_buffers_on_the_fast_path_get_the_full_error(alg):
         with pytest.raises(ringmpi.RingmpiUsageError, match=needle):
             ringmpi.allreduce(src, bad, algorithm=alg)
     assert np.array_equal(ringmpi.allreduce(x, y, algorithm=alg), x * P)  # and the next call is fine
+    # a new result (small: the plan copies the input and reduces in place): a strided input
+    # is refused by every call, the first through the plan cache, the next through the memo
+    for _ in range(3):
+        ringmpi.allreduce(x, algorithm=alg)
+    strided = np.arange(16.0)[::2]
+    for _ in range(3):
+        with pytest.raises(ringmpi.RingmpiUsageError, match="C-contiguous"):
+            ringmpi.allreduce(strided, algorithm=alg)
+    assert np.array_equal(ringmpi.allreduce(x, algorithm=alg), x * P)
 
 
 def test_online_tuning_agrees_on_every_rank(rng):

@@ -196,10 +196,10 @@ def test_network_knobs_are_checked():
 NODES = Profile(alpha=10e-6, beta=1 / 1.25e9, gamma=1 / 50e9, alpha_local=1e-6, beta_local=1 / 20e9)
 
 
-@pytest.mark.parametrize("nodes,per_node", [(2, 2), (4, 1), (3, 4), (2, 5)])
+@pytest.mark.parametrize("nodes,per_node", [(2, 2), (4, 1), (3, 4), (2, 5), (2, 4)])
 def test_hierarchical_and_flat_ring_on_nodes_equal_their_formulas(nodes, per_node):
     p, n = nodes * per_node, 60 * 64 * 5 * 7
-    for alg in ("ring", "hierarchical"):
+    for alg in ("ring", "hierarchical", "hierarchical_oneway"):
         cl, _ = run_collective("allreduce", alg, phantoms(p, n), profile=NODES, per_node=per_node)
         assert cl.time == pytest.approx(cost("allreduce", alg, p, n, 1, per_node=per_node).time(NODES)
                                         - NODES.overhead, rel=1e-12), (alg, nodes, per_node)
@@ -209,11 +209,12 @@ def test_hierarchical_and_flat_ring_on_nodes_equal_their_formulas(nodes, per_nod
         assert hier.time < flat.time   # n/k per rank on the slow links instead of every round on them
 
 
-@pytest.mark.parametrize("p,per_node", [(4, 2), (5, 2), (7, 3), (6, 4), (3, 1)])
-def test_hierarchical_is_exact_on_uneven_nodes(p, per_node):
+@pytest.mark.parametrize("p,per_node", [(4, 2), (5, 2), (7, 3), (6, 4), (3, 1), (8, 4)])
+@pytest.mark.parametrize("alg", ["hierarchical", "hierarchical_oneway"])
+def test_hierarchical_is_exact_on_uneven_nodes(p, per_node, alg):
     rng = np.random.default_rng(p * 10 + per_node)
     xs = [rng.integers(-9, 9, 37).astype(np.int64) for _ in range(p)]
-    cl, outs = run_collective("allreduce", "hierarchical", xs, profile=NODES, per_node=per_node)
+    cl, outs = run_collective("allreduce", alg, xs, profile=NODES, per_node=per_node)
     assert all(np.array_equal(o, sum(xs)) for o in outs)
     assert len({o.tobytes() for o in outs}) == 1
 
