@@ -9,7 +9,8 @@
 # 10.77.0.254) and removes them, the bridge and its /etc/hosts lines on exit. RUN_CMD
 # replaces the benchmark (e.g. RUN_CMD="$PWD/.venv/bin/python -m mpi4py -m pytest tests/mpi"),
 # EXTRA_MPI_ARGS adds launcher flags, and RATE=1gbit shapes every host's egress with an HTB
-# class at that rate (tc), as a 1 Gbit/s NIC; SYSCTL="key=value ..." sets kernel settings in every
+# class at that rate (tc), as a 1 Gbit/s NIC, its queue LEAF (default "pfifo limit 10000": no drops;
+# e.g. LEAF="pfifo limit 1000", a NIC's default length); SYSCTL="key=value ..." sets kernel settings in every
 # host (e.g. net.ipv4.tcp_slow_start_after_idle=0). Exit status 3: namespaces cannot be made here.
 set -euo pipefail
 cd "$(dirname "$0")/.."

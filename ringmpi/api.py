@@ -32,10 +32,6 @@ __all__ = ["execute", "Edge", "group", "algorithms", "last_choice", "send_recv_p
            "RingmpiUsageError",
            "RingmpiError"]
 
-# (kind, itemsize): np.longlong and np.int64 are different chars of the same type
-#: (kind, itemsize) -> the one dtype ringmpi uses for it: numpy's 'q' and 'l' (both int64 on
-#: Linux) are the same numbers, but mpi4py maps them to MPI_LONG_LONG and MPI_LONG, whose
-#: mismatch it refuses; a buffer is viewed as the canonical dtype before it reaches MPI
 _MPI: list[Any] = []
 
 
@@ -421,10 +417,10 @@ def send_recv_plan(t: Any, function: str, op: str | None, shape: tuple, dtype: n
     """The library's `function(send, recv[, op])` on the user's arrays: a new result array
     of `shape` and `dtype` when recvbuf is None, IN_PLACE when recvbuf is sendbuf. This is
     the fast path's hot loop: no validation beyond what the plan's key guarantees, and
-    anything the key does not cover (overlapping buffers, a read-only result: mpi4py's
-    BufferError; equal dtypes that mpi4py maps to different MPI types, 'l' and 'q': its
-    ValueError; both raised before any message moves) goes to the full path, which
-    explains or serves it. `run.same_buffers` skips the overlap test: for a caller that
+    anything the key does not cover (overlapping buffers, a read-only result, a buffer
+    mpi4py cannot take: its BufferError or ValueError, raised before any message moves)
+    goes to the full path, which explains or serves it. Buffers go to MPI with the
+    datatype of the canonical dtype (`direct`), so 'l' and 'q' arrays mix. `run.same_buffers` skips the overlap test: for a caller that
     passes the very arrays (by identity) that passed it before (an array's memory never
     moves). `copy_in_place` (a small all-reduce whose result is shaped like its input): a
     new result is a copy of the send buffer reduced in place, which costs mpi4py one

@@ -51,6 +51,11 @@ def _tune(p, count, itemsize, prof) -> dict:
     return {"per_node": prof.per_node}
 
 
+def _smallest_node(nodes) -> int:
+    """The rank count of the smallest node (`nodes`: every rank's node)."""
+    return min(nodes.count(h) for h in set(nodes))
+
+
 def _several_hosts(t) -> str | None:
     if getattr(t, "on_device", False):
         return "not on device buffers yet (its node rings run on the host's shared memory)"
@@ -80,7 +85,7 @@ def _two_hosts_even(t) -> str | None:
     if why:
         return why
     nodes = t.nodes
-    if len(set(nodes)) != 2 or min(nodes.count(h) for h in set(nodes)) % 2:
+    if len(set(nodes)) != 2 or _smallest_node(nodes) % 2:
         return "differs from hierarchical only on two hosts with an even number of ranks each"
     return None
 
@@ -96,7 +101,7 @@ def allreduce_one_way(t, call):
 def _allreduce(t, call, one_way: bool) -> None:
     local, cross = t.split_nodes()
     nodes = t.nodes
-    smallest = min(nodes.count(h) for h in set(nodes))
+    smallest = _smallest_node(nodes)
     counts = block_counts(call.count, smallest) + [0] * (local.size - smallest)
     off = offsets(counts)
     j = local.rank
@@ -124,8 +129,8 @@ def _two_nodes(cross, call, mine, j) -> None:
     """Step 2 for two nodes with an even number of places: the slice goes whole to the node
     that reduces it (node j % 2), and the result comes back. Even places send one way while
     odd places send the other, so each host link carries n/2 each way in each of the two
-    rounds, as the 2-rank ring would (same rounds, same bytes: the ring's formula), but no
-    connection carries data both ways at once. Full-duplex traffic on one TCP connection
+    rounds, as the 2-rank rings would (a rank sends twice the ring's bytes, in one round
+    instead of two: `_one_way_cost`), but no connection carries data both ways at once. Full-duplex traffic on one TCP connection
     behind a deep transmit queue runs at half the link rate (measured: an 8 MiB
     MPI_Sendrecv between two hosts over 1 Gbit/s took 141 ms, two one-way 8 MiB sends on
     separate connections 71 ms), since each direction's acknowledgements wait behind the
