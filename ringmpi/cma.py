@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Reader", "allow_peers"]
+__all__ = ["Reader", "address", "allow_peers"]
 
 _PR_SET_PTRACER = 0x59616D61
 _PR_SET_PTRACER_ANY = ctypes.c_ulong(-1).value
@@ -48,6 +48,18 @@ def _libc() -> Any:
 
 
 _LIBC = _libc()
+_from_buffer, _addressof = ctypes.c_char.from_buffer, ctypes.addressof
+
+
+def address(buf: np.ndarray) -> int:
+    """The address of a C-contiguous array's first byte. Through ctypes' view of its buffer
+    it costs ~140 ns; numpy's own ways (`.ctypes.data`, `__array_interface__`) build an
+    object first, ~750 ns: several a round would be a third of a small shared-memory
+    round's time. Read-only and empty arrays (no writable byte to view) take numpy's."""
+    try:
+        return _addressof(_from_buffer(buf))
+    except (TypeError, ValueError, BufferError):
+        return buf.ctypes.data
 
 
 def allow_peers() -> None:
@@ -74,26 +86,26 @@ class Reader:
     def usable(self) -> bool:
         return self._call is not None
 
-    def read(self, pid: int, address: int, dst: np.ndarray) -> None:
-        """dst (C-contiguous) <- dst.nbytes bytes at `address` in process `pid`."""
-        base, left = dst.ctypes.data, dst.nbytes
+    def read(self, pid: int, remote: int, dst: np.ndarray) -> None:
+        """dst (C-contiguous) <- dst.nbytes bytes at address `remote` in process `pid`."""
+        base, left = address(dst), dst.nbytes
         done = 0
         while done < left:   # a read may stop short (at a page it could not pin): go on from there
             self._local.base, self._local.len = base + done, left - done
-            self._remote.base, self._remote.len = address + done, left - done
+            self._remote.base, self._remote.len = remote + done, left - done
             got = self._call(pid, ctypes.byref(self._local), 1, ctypes.byref(self._remote), 1, 0)
             if got <= 0:
                 err = ctypes.get_errno()
                 raise OSError(err, f"process_vm_readv from pid {pid}: {os.strerror(err) if err else 'no progress'}")
             done += got
 
-    def probe(self, pid: int, address: int, expect: bytes) -> bool:
-        """Whether `expect` can be read at `address` in process `pid`."""
+    def probe(self, pid: int, remote: int, expect: bytes) -> bool:
+        """Whether `expect` can be read at address `remote` in process `pid`."""
         if self._call is None:
             return False
         got = np.zeros(len(expect), np.uint8)
         try:
-            self.read(pid, address, got)
+            self.read(pid, remote, got)
         except OSError:
             return False
         return got.tobytes() == expect

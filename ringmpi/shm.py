@@ -16,8 +16,8 @@ the receiver straight from the sender's private memory with Linux cross-memory a
 (`ringmpi.cma`: process_vm_readv, one copy, as MPI libraries do for large messages; a
 received-then-reduced block goes through a cache-sized chunk, so memory sees it once) where
 every rank of the host may read every other's memory, for blocks from CMA_MIN up (below,
-the staged copy stays in cache and costs less); otherwise it is first copied into the
-arena. A buffer from `shared_empty` costs nothing extra.
+the ring runs in parts whose staged copies stay in cache, which costs less); otherwise it
+is first copied into the arena. A buffer from `shared_empty` costs nothing extra.
 
 The schedules run on it unchanged (`ringmpi.schedules.shm`: ring all-reduce, reduce-scatter,
 all-gather and the pipelined broadcast with their work buffers in the arena). Every rank
@@ -46,9 +46,10 @@ __all__ = ["SharedTransport", "Segment"]
 
 ALIGN = 64                 # cache line: blocks of different ranks never share one
 SPINS = 200                # polls before yielding the core
-CMA_MIN = 4 << 20          # smaller private blocks are staged: the copy stays in cache, and pinning the
-                           # pages for a cross-memory read costs more (2 ranks here: staged 0.73x MPI's
-                           # time at 4 MiB, read across 1.13x; from 16 MiB 0.97x against 0.63x)
+CMA_MIN = 12 << 20         # smaller private blocks are staged, the ring in parts (schedules.shm): a part's
+                           # copy stays in cache, and pinning the pages for a cross-memory read costs more
+                           # (2 ranks, all-reduce / MPI's: blocks of 8 MiB 0.53-0.79 staged in parts, read
+                           # across 0.93-1.11; 12 MiB 0.81 against 0.67; 16 MiB 0.40 against 0.30)
 CMA_CHUNK = 512 << 10      # a private block to reduce is read a chunk at a time into this buffer (in cache)
 #: control words per peer: messages published to it, and the last one's segment, offset,
 #: length; messages read from it (the acknowledgement)
@@ -175,6 +176,8 @@ class SharedTransport(CountedMemory):
         # control words of every rank's segment, as Python ints (a memoryview reads and
         # writes one in about 30 ns; a numpy scalar takes longer): ctl[q][d * WORDS + word]
         self.ctl = [memoryview(self.peers[q][0].map)[:WORDS * self.size * 8].cast("q") for q in range(self.size)]
+        self._mine = self.ctl[self.rank]
+        self._arena_bytes = self.segments[0].array
         self.sent = [0] * self.size
         self.read = [0] * self.size
 
@@ -211,16 +214,23 @@ class SharedTransport(CountedMemory):
 
     def _locate(self, buf: np.ndarray) -> tuple[int, int] | None:
         """(segment index, offset) of a contiguous buffer in one of my segments, or None."""
-        if not buf.flags.c_contiguous:
-            return None
-        addr = buf.ctypes.data
+        return self._where(cma.address(buf), buf.nbytes) if buf.flags.c_contiguous else None
+
+    def _where(self, addr: int, nbytes: int) -> tuple[int, int] | None:
+        """(segment index, offset) of the bytes [addr, addr + nbytes) in one of my segments."""
         for i, seg in enumerate(self.segments):
-            if seg is not None and seg.base <= addr and addr + buf.nbytes <= seg.base + seg.size:
+            if seg is not None and seg.base <= addr and addr + nbytes <= seg.base + seg.size:
                 return i, addr - seg.base
         return None
 
     def in_shared(self, buf: Any) -> bool:
         return self._locate(buf) is not None
+
+    def reads_across(self, buf: Any, nbytes: int) -> bool:
+        """Whether blocks of `nbytes` of `buf` reach peers by cross-memory read: an ordinary
+        array (no shared segment holds it), blocks from CMA_MIN, where every rank may read
+        every other's memory. The ring then sends whole blocks (`schedules.shm`)."""
+        return self._cma is not None and nbytes >= CMA_MIN and buf.flags.c_contiguous and self._locate(buf) is None
 
     @property
     def nodes(self) -> list[int]:
@@ -236,30 +246,35 @@ class SharedTransport(CountedMemory):
 
     def _take(self, n: int, dtype: Any) -> tuple[np.ndarray, int | None]:
         dt = np.dtype(dtype)
-        need = _round(max(n * dt.itemsize, 1))
+        nbytes = n * dt.itemsize
+        need = _round(max(nbytes, 1))
         if self._cursor + need > self._arena:
             return np.empty(n, dt), None
         start = self._ctl_bytes + self._cursor
         self._cursor += need
-        return self.segments[0].array[start:start + n * dt.itemsize].view(dt), start
+        return self._arena_bytes[start:start + nbytes].view(dt), start
 
     # -- data movement ------------------------------------------------------------------
     def _publish(self, buf: np.ndarray, dest: int) -> None:
-        where = self._locate(buf)
-        if where is None and self._cma is not None and buf.nbytes >= CMA_MIN and buf.flags.c_contiguous:
-            where = (-1, buf.ctypes.data)       # private memory: the receiver reads it across (cma)
+        nbytes, where = buf.nbytes, None
+        if buf.flags.c_contiguous:
+            addr = cma.address(buf)
+            where = self._where(addr, nbytes)
+            if where is None and self._cma is not None and nbytes >= CMA_MIN:
+                where = (-1, addr)              # private memory: the receiver reads it across (cma)
         if where is None:                       # not in shared memory: into the arena first
             staged, start = self._take(buf.size, buf.dtype)
             if start is None:
-                raise MemoryError(f"shared arena of {self._arena} bytes is full (needs {buf.nbytes} more)")
+                raise MemoryError(f"shared arena of {self._arena} bytes is full (needs {nbytes} more)")
             self.copy(buf, staged)
             where = (0, start)
-        ctl, at = self.ctl[self.rank], dest * WORDS
-        ctl[at + SEG], ctl[at + OFF], ctl[at + LEN] = where[0], where[1], buf.nbytes
-        self.sent[dest] += 1
-        ctl[at + SENT] = self.sent[dest]        # the flag last: the receiver reads the row after it
-        self.counters.messages += 1
-        self.counters.bytes_sent += buf.nbytes
+        ctl, at = self._mine, dest * WORDS
+        ctl[at + SEG], ctl[at + OFF], ctl[at + LEN] = where[0], where[1], nbytes
+        self.sent[dest] = sent = self.sent[dest] + 1
+        ctl[at + SENT] = sent                   # the flag last: the receiver reads the row after it
+        counters = self.counters
+        counters.messages += 1
+        counters.bytes_sent += nbytes
 
     def _incoming(self, source: int, like: np.ndarray) -> np.ndarray | int:
         """Wait for the next block from `source`: a view of it in the sender's shared memory,
@@ -308,8 +323,8 @@ class SharedTransport(CountedMemory):
             self.combine(op, got, m[lo:hi], o[lo:hi])
 
     def _done_reading(self, source: int) -> None:
-        self.read[source] += 1
-        self.ctl[self.rank][source * WORDS + ACKED] = self.read[source]
+        self.read[source] = done = self.read[source] + 1
+        self._mine[source * WORDS + ACKED] = done
 
     def _delivered(self, dest: int) -> None:
         """Wait until `dest` has read what was published to it (the block may change after)."""
@@ -324,10 +339,14 @@ class SharedTransport(CountedMemory):
         if dest is not None and sendbuf is not None:
             self._delivered(dest)
 
+    def landing(self, n: int, dtype: Any) -> None:
+        """None: `sendrecv_reduce` lands nothing."""
+        return None
+
     def sendrecv_reduce(self, sendbuf: Any, dest: int, landing: Any, source: int, op: str, mine: Any,
                         out: Any) -> None:
         """Send `sendbuf` to dest; out = (the block from source) op mine, read straight from
-        the source's memory: one pass, no received copy (`landing` is not needed)."""
+        the source's memory: one pass, no received copy (no `landing`)."""
         self.counters.calls += 1
         self._publish(sendbuf, dest)
         got = self._incoming(source, out)
@@ -356,7 +375,7 @@ class SharedTransport(CountedMemory):
     def _release_ctl(self) -> None:
         for words in getattr(self, "ctl", []):
             words.release()       # the mapping can only be closed once no view is left
-        self.ctl = []
+        self.ctl, self._mine, self._arena_bytes = [], None, None
 
     def release(self) -> None:
         self._release_ctl()

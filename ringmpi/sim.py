@@ -250,6 +250,10 @@ class VirtualRank(ReceiveThenReduce):
     def in_shared(self, buf) -> bool:
         return True
 
+    def reads_across(self, buf, nbytes: int) -> bool:
+        """No cross-memory reads here (every buffer is shared): the schedules run in parts."""
+        return False
+
     def split_nodes(self) -> tuple[Any, Any]:
         """(the ranks of my node, the ranks with my place on every node, or None when my
         place is beyond the smallest node's size) as sub-groups."""

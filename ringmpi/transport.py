@@ -94,6 +94,7 @@ class Transport(Memory, Protocol):
     def sendrecv(self, sendbuf: Any, dest: int | None, recvbuf: Any, source: int | None) -> None: ...
     def sendrecv_reduce(self, sendbuf: Any, dest: int, landing: Any, source: int, op: str, mine: Any,
                         out: Any) -> None: ...
+    def landing(self, n: int, dtype: Any) -> Any: ...
     def exchange(self, sends: Sequence[tuple[Any, int]], recvs: Sequence[tuple[Any, int]]) -> None: ...
     def native(self, call: Any) -> None: ...
     # the host's shared memory (schedules/shm.py): every rank's node, the shared-memory
@@ -104,6 +105,7 @@ class Transport(Memory, Protocol):
     def shared(self) -> Any: ...
     def reserve(self, nbytes: int) -> None: ...
     def in_shared(self, buf: Any) -> bool: ...
+    def reads_across(self, buf: Any, nbytes: int) -> bool: ...
     def split_nodes(self) -> tuple[Any, Any]: ...
 
 
@@ -134,6 +136,10 @@ class ReceiveThenReduce:
         self.sendrecv(sendbuf, dest, landing, source)  # type: ignore[attr-defined]
         self.combine(op, landing, mine, out)           # type: ignore[attr-defined]
 
+    def landing(self, n: int, dtype: Any) -> Any:
+        """Scratch for the blocks `sendrecv_reduce` receives (n elements at most)."""
+        return self.empty(n, dtype)                    # type: ignore[attr-defined]
+
 
 class CountedMemory:
     """Local work through the transport's array backend (`self.backend`), counted in
@@ -160,6 +166,9 @@ class PrivateMemory:
         pass
 
     def in_shared(self, buf: Any) -> bool:
+        return False
+
+    def reads_across(self, buf: Any, nbytes: int) -> bool:
         return False
 
 
@@ -219,6 +228,9 @@ class SubGroup(ReceiveThenReduce):
 
     def in_shared(self, buf: Any) -> bool:
         return self.parent.in_shared(buf)
+
+    def reads_across(self, buf: Any, nbytes: int) -> bool:
+        return self.parent.reads_across(buf, nbytes)
 
 
 def split_nodes(t: Any, nodes: Sequence[int]) -> tuple[SubGroup, SubGroup | None]:

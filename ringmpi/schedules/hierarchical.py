@@ -122,7 +122,7 @@ def _allreduce(t, call, one_way: bool) -> None:
     elif cross is not None and cross.size > 1 and counts[j]:
         _ring.allreduce(cross, call._replace(send=mine, recv=mine, count=counts[j], inplace=True))
     # 3. every slice to every rank of the node
-    _ring.allgather_phase(node, recv, off, j)
+    _ring.allgather_phase(node, recv, _ring.blocks_of(off), j)
 
 
 def _two_nodes(cross, call, mine, j) -> None:

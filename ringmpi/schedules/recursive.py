@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from ..cost import Cost
 from . import binomial, block_counts, cdiv, lg, offsets, register
-from .ring import allgather_phase
+from .ring import allgather_phase, blocks_of
 
 
 def _fold(p: int) -> tuple[int, int]:
@@ -180,4 +180,4 @@ def broadcast_scatter_allgather(t, call):
         t.sendrecv(None, None, buf[off[v]:off[min(v + parent, p)]], (t.rank - parent) % p)
     for m in children:
         t.sendrecv(buf[off[v + m]:off[min(v + 2 * m, p)]], (t.rank + m) % p, None, None)
-    allgather_phase(t, buf, off, own=v, pos=v, base=call.root)
+    allgather_phase(t, buf, blocks_of(off), own=v, pos=v, base=call.root)

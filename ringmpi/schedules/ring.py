@@ -29,32 +29,48 @@ from __future__ import annotations
 from ..cost import Cost, best_segments
 from . import block_counts, cdiv, offsets, register
 
-__all__ = ["reduce_scatter_phase", "allgather_phase", "segment_counts"]
+__all__ = ["reduce_scatter_phase", "allgather_phase", "allreduce_part", "reduce_scatter_part", "blocks_of",
+           "segment_counts"]
 
 
-def reduce_scatter_phase(t, src, off, op, out_for, shift: int = 0) -> int:
-    """Ring reduce-scatter of blocks `off` of `src`; returns the block this rank ends owning.
+def blocks_of(off, part: tuple[int, int] | None = None) -> list[slice]:
+    """Block b of the partition `off` as a slice, or only its elements [lo, hi) (`part`,
+    clipped to the block): the segmented ring runs the same rounds on one part of every
+    block at a time, so every element is still reduced in its block's ring order."""
+    if part is None:
+        return [slice(off[b], off[b + 1]) for b in range(len(off) - 1)]
+    lo, hi = part
+    return [slice(min(off[b] + lo, off[b + 1]), min(off[b] + hi, off[b + 1])) for b in range(len(off) - 1)]
 
-    Round i sends block (r-i+shift) and reduces block (r-i-1+shift) into `out_for(i, c)`;
-    round 0 reads `src` directly and every reduction writes `out = received op src[c]`
-    (each received block is touched once, so there is no scratch copy of the input).
+
+def reduce_scatter_phase(t, src, blk: list[slice], op, out_for, shift: int = 0) -> int:
+    """Ring reduce-scatter of the blocks `blk` of `src` (`blocks_of`: whole blocks, or one
+    part of each); returns the block this rank ends owning.
+
+    Round i sends block (r-i+shift) and reduces block (r-i-1+shift) into `out_for(i, c)`
+    (the output for block c, or for its part); round 0 reads `src` directly and every
+    reduction writes `out = received op src[c]` (each received block is touched once, so
+    there is no scratch copy of the input).
     """
     p, r = t.size, t.rank
     right, left = (r + 1) % p, (r - 1) % p
-    tmp = t.empty(max(off[i + 1] - off[i] for i in range(p)), src.dtype)
+    # where a received block lands before it is reduced (None over shared memory, which
+    # reads it in the neighbour's memory and reduces it there, in one pass)
+    tmp = t.landing(max(b.stop - b.start for b in blk), src.dtype)
     prev = None
     for i in range(p - 1):
         s, c = (r - i + shift) % p, (r - i - 1 + shift) % p
-        send = src[off[s]:off[s + 1]] if i == 0 else prev
+        send = src[blk[s]] if i == 0 else prev
         prev = out_for(i, c)
-        # receive block c from the left and reduce it with ours into prev (over shared
-        # memory: read in the neighbour's memory and reduced there, in one pass)
-        t.sendrecv_reduce(send, right, tmp[:off[c + 1] - off[c]], left, op, src[off[c]:off[c + 1]], prev)
+        # receive block c from the left and reduce it with ours into prev
+        t.sendrecv_reduce(send, right, None if tmp is None else tmp[:blk[c].stop - blk[c].start], left, op,
+                          src[blk[c]], prev)
     return (r + 1 + shift) % p
 
 
-def allgather_phase(t, buf, off, own: int, pos: int | None = None, base: int = 0) -> None:
-    """Ring all-gather in place: the rank at ring position `pos` holds block `own` of `buf`.
+def allgather_phase(t, buf, blk: list[slice], own: int, pos: int | None = None, base: int = 0) -> None:
+    """Ring all-gather in place: the rank at ring position `pos` holds block `own` of `buf`
+    (`blk`: the blocks, `blocks_of`).
 
     Ring positions map to ranks as rank = (pos + base) mod p, so the same phase serves a
     ring rooted anywhere (scatter + all-gather broadcast).
@@ -64,7 +80,7 @@ def allgather_phase(t, buf, off, own: int, pos: int | None = None, base: int = 0
     right, left = (pos + 1 + base) % p, (pos - 1 + base) % p
     for i in range(p - 1):
         s, c = (own - i) % p, (own - i - 1) % p
-        t.sendrecv(buf[off[s]:off[s + 1]], right, buf[off[c]:off[c + 1]], left)
+        t.sendrecv(buf[blk[s]], right, buf[blk[c]], left)
 
 
 def _rounds_cost(p, count, itemsize, phases: int, reduce: bool) -> Cost:
@@ -77,24 +93,34 @@ def _rounds_cost(p, count, itemsize, phases: int, reduce: bool) -> Cost:
 
 @register("allreduce", "ring", lambda p, count, itemsize, **_: _rounds_cost(p, count, itemsize, 2, True))
 def allreduce(t, call):
-    off = offsets(block_counts(call.count, t.size))
-    recv = call.recv
-    own = reduce_scatter_phase(t, call.send, off, call.op, lambda i, c: recv[off[c]:off[c + 1]])
-    allgather_phase(t, recv, off, own)
+    allreduce_part(t, call, offsets(block_counts(call.count, t.size)))
+
+
+def allreduce_part(t, call, off, part: tuple[int, int] | None = None) -> None:
+    """The ring all-reduce of the blocks `off` (or of their elements `part`)."""
+    recv, blk = call.recv, blocks_of(off, part)
+    own = reduce_scatter_phase(t, call.send, blk, call.op, lambda i, c: recv[blk[c]])
+    allgather_phase(t, recv, blk, own)
 
 
 @register("reduce_scatter", "ring", lambda p, count, itemsize, **_: _rounds_cost(p, count, itemsize, 1, True))
 def reduce_scatter(t, call):
+    reduce_scatter_part(t, call)
+
+
+def reduce_scatter_part(t, call, part: tuple[int, int] | None = None) -> None:
+    """The ring reduce-scatter of the blocks `call.counts` (or of their elements `part`)."""
     p = t.size
-    counts = call.counts
+    blk = blocks_of(offsets(call.counts), part)
+    mine = call.recv[blocks_of((0, call.recv.size), part)[0]]
     # Two scratch blocks alternate as "just reduced" and "being reduced"; the last round
     # reduces straight into recv, so memory stays O(n/p) beyond the user's buffers.
-    width = max(counts)
+    width = max(b.stop - b.start for b in blk)
     work = [t.empty(width, call.dtype), t.empty(width, call.dtype)]
 
     def out_for(i, c):
-        return call.recv if i == p - 2 else work[i % 2][:counts[c]]
-    own = reduce_scatter_phase(t, call.send, offsets(counts), call.op, out_for, shift=-1)
+        return mine if i == p - 2 else work[i % 2][:blk[c].stop - blk[c].start]
+    own = reduce_scatter_phase(t, call.send, blk, call.op, out_for, shift=-1)
     assert own == t.rank
 
 
@@ -104,7 +130,7 @@ def allgather(t, call):
     r = t.rank
     if not call.inplace:
         t.copy(call.send, call.recv[off[r]:off[r + 1]])
-    allgather_phase(t, call.recv, off, r)
+    allgather_phase(t, call.recv, blocks_of(off), r)
 
 
 def _reduce_cost(p, count, itemsize, **_):

@@ -84,6 +84,30 @@ def test_shared_arrays_are_sent_and_filled_without_a_copy(rng):
         assert s.counters.bytes_copied > before       # a numpy array is staged (read across otherwise)
 
 
+def test_the_ring_in_parts_gives_the_rings_bits(rng, monkeypatch):
+    """schedules.shm runs the ring on one part of every block at a time; parts of any size
+    (here 40 and 64 bytes: many parts, a short last one, blocks one element apart) leave
+    every element in its block's ring order: the ring's bits, for all-reduce (in place
+    too) and reduce-scatter with uneven counts, and MPI's values for all-gather."""
+    from ringmpi.schedules import shm as schedule
+    for part in (40, 64):
+        monkeypatch.setattr(schedule, "PART", part)
+        for n in (1, 7 * P + 3, 1000):
+            x = make_data(rng, "float32", n, "SUM")
+            ring = ringmpi.allreduce(x, algorithm="ring")
+            assert ringmpi.allreduce(x, algorithm="ring_shm").tobytes() == ring.tobytes(), (part, n)
+            y = x.copy()
+            ringmpi.allreduce(y, y, algorithm="ring_shm")
+            assert y.tobytes() == ring.tobytes(), (part, n)
+            counts = [(q * 5 + n) % 7 + 1 for q in range(P)]
+            z = make_data(rng, "float64", sum(counts), "SUM")
+            assert ringmpi.reduce_scatter(z, algorithm="ring_shm", counts=counts).tobytes() == \
+                ringmpi.reduce_scatter(z, algorithm="ring", counts=counts).tobytes(), (part, n)
+            mine = make_data(rng, "int32", counts[R], "SUM")
+            assert np.array_equal(ringmpi.allgather(mine, algorithm="ring_shm", counts=counts),
+                                  np.concatenate(COMM.allgather(mine))), (part, n)
+
+
 @pytest.mark.parametrize("cma", ["1", "0"])
 def test_ordinary_arrays_read_across_or_staged_give_the_same_bits(rng, cma):
     """RINGMPI_SHM_CMA=1 (default): blocks of ordinary arrays from CMA_MIN up are read from
@@ -130,13 +154,19 @@ def test_ordinary_arrays_read_across_or_staged_give_the_same_bits(rng, cma):
         reload()
 
 
-def test_the_arena_grows_and_nothing_is_left_in_dev_shm(rng):
+def test_the_arena_grows_to_a_part_and_nothing_is_left_in_dev_shm(rng):
+    """The arena grows from its first 1 MiB to what one part of the ring stages (every
+    block it publishes), not to the buffer's size."""
+    from ringmpi.schedules import shm as schedule
+    dup = COMM.Dup()
     for n in (10, 1 << 16, 1 << 21, 100):
         x = make_data(rng, "float64", n, "SUM", exact=True)
         ref = np.empty_like(x)
         COMM.Allreduce(x, ref)
-        assert np.array_equal(ringmpi.allreduce(x, algorithm="ring_shm"), ref)
-    assert group().shared()._arena >= (1 << 21) * 8
+        assert np.array_equal(ringmpi.allreduce(x, algorithm="ring_shm", comm=dup), ref)
+    arena = group(dup).shared()._arena
+    dup.Free()
+    assert 2 * P * schedule.PART <= arena < (1 << 21) * 8, arena
     COMM.Barrier()
     assert not glob.glob("/dev/shm/ringmpi-*"), glob.glob("/dev/shm/ringmpi-*")
 
