@@ -384,7 +384,7 @@ def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice:
         c, result = spec.prepare(Edge(spec.name, t), **spec.with_buffers(bare, sendbuf, recvbuf))
         t.begin(label)
         try:
-            _run_body(t, dev, alg, c._replace(params=params))
+            _run_body(t, dev, alg, c._replace(params=params) if params else c)   # (_replace: ~500 ns)
         finally:
             t.end()
         t.last_choice = choice
