@@ -120,9 +120,10 @@ def shm_section(unshared: dict, shared: dict) -> list[str]:
     out = ["\n## Shared memory on one host: 2 ranks, buffers shared (`-R 1`) or not "
            "(`results/shm-p2-R1`, `results/shm-p2-R0`)", "",
            "Time / MPI_Allreduce, float32 SUM, out of place; each column from its own run "
-           "(the runs are minutes apart, and this VM's memory bandwidth drifts between runs). With -R 0 "
-           "(ordinary arrays) blocks under 4 MiB are staged through the shared segments and larger ones "
-           "read from the peer's private memory (cross-memory attach).", "",
+           "(the runs are minutes apart, and this VM's memory bandwidth drifts between runs). The ring runs "
+           "in parts of 512 KiB of every block; with -R 0 (ordinary arrays) a part's blocks are staged "
+           "through the shared segments, and blocks from 12 MiB are read whole from the peer's private "
+           "memory (cross-memory attach).", "",
            "| size | MPI_Allreduce, -R 1 (us) | ring_shm, -R 1 | ring (p2p), -R 1 | ring_shm, -R 0 | ring (p2p), -R 0 | auto chose, -R 1 |",
            "|---|---|---|---|---|---|---|"]
     chose = {a["size"]: a["chose"] for a in autos(shared, "allreduce")}

@@ -6,7 +6,7 @@ schedules from ring.py, unchanged, on the shared-memory transport.
 A "message" is the receiver reading the block in the sender's memory (one copy, not MPI's
 two through its queue), and the reduce-scatter reduces the neighbour's block straight into
 its output (`sendrecv_reduce`, one pass). A block of an array peers cannot map (a user's
-ordinary numpy array) is staged in the sender's shared arena first, or, from CMA_MIN up
+ordinary numpy array) is staged in the sender's shared arena first, or, from `shm.CMA_MIN` up
 where the kernel lets ranks read each other's memory, read across (`ringmpi.cma`); arrays
 from `ringmpi.shared_empty` are sent as they are.
 
