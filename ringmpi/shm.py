@@ -226,11 +226,12 @@ class SharedTransport(CountedMemory):
     def in_shared(self, buf: Any) -> bool:
         return self._locate(buf) is not None
 
-    def reads_across(self, buf: Any, nbytes: int) -> bool:
-        """Whether blocks of `nbytes` of `buf` reach peers by cross-memory read: an ordinary
-        array (no shared segment holds it), blocks from CMA_MIN, where every rank may read
-        every other's memory. The ring then sends whole blocks (`schedules.shm`)."""
-        return self._cma is not None and nbytes >= CMA_MIN and buf.flags.c_contiguous and self._locate(buf) is None
+    def reads_across(self, nbytes: int) -> bool:
+        """Whether blocks of `nbytes` of ordinary arrays reach peers by cross-memory read
+        (from CMA_MIN, where every rank may read every other's memory): the same answer on
+        every rank, so the ring sends whole blocks everywhere (`schedules.shm`); a block of a
+        shared array is read in its segment either way."""
+        return self._cma is not None and nbytes >= CMA_MIN
 
     @property
     def nodes(self) -> list[int]:
@@ -260,7 +261,7 @@ class SharedTransport(CountedMemory):
         if buf.flags.c_contiguous:
             addr = cma.address(buf)
             where = self._where(addr, nbytes)
-            if where is None and self._cma is not None and nbytes >= CMA_MIN:
+            if where is None and self.reads_across(nbytes):
                 where = (-1, addr)              # private memory: the receiver reads it across (cma)
         if where is None:                       # not in shared memory: into the arena first
             staged, start = self._take(buf.size, buf.dtype)

@@ -250,7 +250,7 @@ class VirtualRank(ReceiveThenReduce):
     def in_shared(self, buf) -> bool:
         return True
 
-    def reads_across(self, buf, nbytes: int) -> bool:
+    def reads_across(self, nbytes: int) -> bool:
         """No cross-memory reads here (every buffer is shared): the schedules run in parts."""
         return False
 

@@ -105,7 +105,7 @@ class Transport(Memory, Protocol):
     def shared(self) -> Any: ...
     def reserve(self, nbytes: int) -> None: ...
     def in_shared(self, buf: Any) -> bool: ...
-    def reads_across(self, buf: Any, nbytes: int) -> bool: ...
+    def reads_across(self, nbytes: int) -> bool: ...
     def split_nodes(self) -> tuple[Any, Any]: ...
 
 
@@ -168,7 +168,7 @@ class PrivateMemory:
     def in_shared(self, buf: Any) -> bool:
         return False
 
-    def reads_across(self, buf: Any, nbytes: int) -> bool:
+    def reads_across(self, nbytes: int) -> bool:
         return False
 
 
@@ -229,8 +229,8 @@ class SubGroup(ReceiveThenReduce):
     def in_shared(self, buf: Any) -> bool:
         return self.parent.in_shared(buf)
 
-    def reads_across(self, buf: Any, nbytes: int) -> bool:
-        return self.parent.reads_across(buf, nbytes)
+    def reads_across(self, nbytes: int) -> bool:
+        return self.parent.reads_across(nbytes)
 
 
 def split_nodes(t: Any, nodes: Sequence[int]) -> tuple[SubGroup, SubGroup | None]:

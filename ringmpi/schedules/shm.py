@@ -15,8 +15,9 @@ in slices too): round i of part k sends elements [k PART, (k+1) PART) of the blo
 sends whole. A part's blocks stay in cache from the sender's staging copy (or the reduction
 that wrote them) to the receiver's read; whole blocks of megabytes go out to memory in
 between. Each element stays in its block and is reduced in that block's ring order: the
-same bits as the ring over MPI. Where blocks are read across (private arrays, blocks from
-CMA_MIN), whole blocks cost less: one read per block, nothing staged to keep in cache.
+same bits as the ring over MPI. Where the transport reads ordinary arrays across (blocks
+from CMA_MIN, every rank allowed), whole blocks cost less (one read per block, nothing
+staged to keep in cache): every rank then runs whole blocks, whatever its arrays are.
 With S = ceil(ceil(n/p) / PART) parts, on the node's links:
 
     T_ring_shm_allreduce = 2(p-1) S alpha_l + 2(p-1)/p n beta_l + (p-1)/p n gamma
@@ -44,10 +45,11 @@ def _step(itemsize: int) -> int:
     return max(1, PART // itemsize)
 
 
-def _parts(s, buf, width: int, itemsize: int) -> list[tuple[int, int]]:
+def _parts(s, width: int, itemsize: int) -> list[tuple[int, int]]:
     """The parts [lo, hi) of every block (`width` elements at most) the ring runs one after
-    the other: whole blocks where the transport reads `buf`'s blocks across, else PART bytes."""
-    step = max(width, 1) if s.reads_across(buf, width * itemsize) else _step(itemsize)
+    the other: whole blocks where the transport reads ordinary arrays' blocks across, else
+    PART bytes (the same on every rank, whatever memory each rank's buffers are in)."""
+    step = max(width, 1) if s.reads_across(width * itemsize) else _step(itemsize)
     return [(lo, lo + step) for lo in range(0, max(width, 1), step)]
 
 
@@ -91,7 +93,7 @@ def allreduce(t, call):
     s, p = t.shared(), t.size
     width = cdiv(call.count, p)
     off = offsets(block_counts(call.count, p))
-    for part in _parts(s, call.send, width, call.itemsize):
+    for part in _parts(s, width, call.itemsize):
         # every block the part publishes may be staged (the arena from its start: every
         # block of the previous part has been read)
         s.reserve(2 * p * ((part[1] - part[0]) * call.itemsize + 64) + SLACK)
@@ -108,7 +110,7 @@ def _rounds_cost(reduces: bool):
 @register("reduce_scatter", "ring_shm", _rounds_cost(True), unavailable=_one_host)
 def reduce_scatter(t, call):
     s = t.shared()
-    for part in _parts(s, call.send, max(call.counts), call.itemsize):
+    for part in _parts(s, max(call.counts), call.itemsize):
         # ring.py's two work blocks and every block it publishes, staged
         s.reserve((t.size + 2) * ((part[1] - part[0]) * call.itemsize + 64) + SLACK)
         _ring.reduce_scatter_part(s, call, part)
@@ -120,7 +122,7 @@ def allgather(t, call):
     off = offsets(call.counts)
     if not call.inplace:
         s.copy(call.send, call.recv[off[r]:off[r + 1]])
-    for part in _parts(s, call.recv, max(call.counts), call.itemsize):
+    for part in _parts(s, max(call.counts), call.itemsize):
         s.reserve(t.size * ((part[1] - part[0]) * call.itemsize + 64) + SLACK)   # every block it publishes
         _ring.allgather_phase(s, call.recv, _ring.blocks_of(off, part), r)
 
@@ -128,7 +130,9 @@ def allgather(t, call):
 @register("broadcast", "pipeline_shm", _pipeline_cost, _pipeline_tune, unavailable=_one_host)
 def broadcast(t, call):
     s, buf = t.shared(), call.recv
-    s.reserve(buf.size * buf.itemsize + SLACK)
+    # the whole buffer in the arena, or every segment this rank sends staged (64-byte aligned)
+    segments = len(_ring.segment_counts(buf.size, call.param("segments", 1)))
+    s.reserve(buf.size * buf.itemsize + 64 * segments + SLACK)
     work = _work(s, buf, buf.size, buf.dtype)
     if work is not buf and t.rank == call.root:
         s.copy(buf, work)

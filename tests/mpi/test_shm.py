@@ -108,6 +108,25 @@ def test_the_ring_in_parts_gives_the_rings_bits(rng, monkeypatch):
                                   np.concatenate(COMM.allgather(mine))), (part, n)
 
 
+def test_ranks_mixing_shared_and_ordinary_arrays_run_the_same_parts(rng, monkeypatch):
+    """A call runs in the same parts on every rank whatever memory each rank's arrays are
+    in (here rank 0's are shared, the others' ordinary), with blocks below and above the
+    size from which ordinary arrays are read across: the ring's bits, and no rank waiting
+    for a part that another never sends."""
+    from ringmpi import shm
+    monkeypatch.setattr(shm, "CMA_MIN", 1 << 16)
+    for n in (1000, 3 * (1 << 16) // 4 * P + 5):   # float32 blocks below, then above CMA_MIN
+        x = make_data(rng, "float32", n, "SUM")
+        ring = ringmpi.allreduce(x, algorithm="ring")
+        shared = ringmpi.shared_empty(n, np.float32)   # collective
+        shared[:] = x
+        mine = shared if R == 0 else x
+        assert ringmpi.allreduce(mine, algorithm="ring_shm").tobytes() == ring.tobytes(), n
+        out = ringmpi.shared_empty(n, np.float32)   # collective
+        got = ringmpi.allreduce(x, out if R == 0 else np.empty_like(x), algorithm="ring_shm")
+        assert got.tobytes() == ring.tobytes(), n
+
+
 @pytest.mark.parametrize("cma", ["1", "0"])
 def test_ordinary_arrays_read_across_or_staged_give_the_same_bits(rng, cma):
     """RINGMPI_SHM_CMA=1 (default): blocks of ordinary arrays from CMA_MIN up are read from
