@@ -116,7 +116,9 @@ def by_size(d: dict, coll: str) -> list[int]:
 
 def shm_section(unshared: dict, shared: dict) -> list[str]:
     """ring_shm against MPI_Allreduce and the point-to-point ring, buffers shared (-R 1) or not."""
-    copy = shared["banner"].get("copy_GBps")
+    top = max(by_size(shared, "allreduce"))
+    beside = shared["banner"].get("copy_beside_GBps", {}).get(f"allreduce/{top}")
+    copy = beside or shared["banner"].get("copy_GBps")
     out = ["\n## Shared memory on one host: 2 ranks, buffers shared (`-R 1`) or not "
            "(`results/shm-p2-R1`, `results/shm-p2-R0`)", "",
            "Time / MPI_Allreduce, float32 SUM, out of place; each column from its own run "
@@ -135,7 +137,8 @@ def shm_section(unshared: dict, shared: dict) -> list[str]:
     if copy:
         big = at(shared, "allreduce", max(by_size(shared, "allreduce")))
         out += ["", f"At {lab(max(by_size(shared, 'allreduce')))} with shared buffers, bus bandwidth / one core's "
-                f"memory copy ({copy:.3g} GB/s, every rank copying at once): "
+                f"memory copy ({copy:.3g} GB/s, every rank copying at once, "
+                f"{'timed in the same rounds' if beside else 'at the start of the run'}): "
                 + ", ".join(f"{a} {big[a]['busbw'] / copy:.2f}" for a in ("ring_shm", "ring", "mpi")) + "."]
     return out
 

@@ -14,6 +14,7 @@ Errors read 'ringmpi.CALL (rank r of p): what was expected, what came'.
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -66,6 +67,13 @@ def last_choice(comm: Any = None) -> dict | None:
     return group(comm).last_choice
 
 
+def flat_view(buf: np.ndarray, canonical: np.dtype) -> np.ndarray:
+    """A checked host array as ringmpi sends it: flat, a plain ndarray (subclasses such as
+    np.matrix viewed as one), in its canonical dtype."""
+    flat = buf.reshape(-1) if type(buf) is np.ndarray else buf.view(np.ndarray).reshape(-1)
+    return flat if buf.dtype.char == canonical.char else flat.view(canonical)
+
+
 class Edge:
     """Argument checks for one call on one rank; errors read 'ringmpi.CALL (rank r of p): ...'."""
 
@@ -91,8 +99,7 @@ class Edge:
         canonical = self._canonical(name, buf.dtype)
         if writable and not buf.flags.writeable:
             self.fail(f"{name} is read-only; the result needs a writable buffer")
-        flat = buf.reshape(-1) if type(buf) is np.ndarray else buf.view(np.ndarray).reshape(-1)
-        return flat if buf.dtype.char == canonical.char else flat.view(canonical)
+        return flat_view(buf, canonical)
 
     def _canonical(self, name: str, dt: np.dtype) -> np.dtype:
         """The one dtype ringmpi sends for `dt` (see CANONICAL); an error for a dtype MPI lacks."""
@@ -375,13 +382,26 @@ def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice:
     label = f"{spec.name}/{alg.name}"
     params = call.params
     bare = spec.with_buffers(args, None, None)
+    again = spec.again if dev is None else None
+    # the last call's arrays (weak references: a plan keeps no user array alive), its Call
+    # without them, and their dtype and canonical dtype: the next call with the very same
+    # arrays skips what cannot have changed about them (`again`: ~0.6 us against ~2.5)
+    last: list = [None] * 5
 
     def run(sendbuf: Any, recvbuf: Any) -> Any:
         if tuner is not None:
             tuner.left -= 1
             if not tuner.left:
                 return monitored(t, tuner, run, sendbuf, recvbuf)
-        c, result = spec.prepare(Edge(spec.name, t), **spec.with_buffers(bare, sendbuf, recvbuf))
+        c = None
+        if last[2] is not None and recvbuf is not None and last[0]() is sendbuf and last[1]() is recvbuf:
+            c = again(last[2], last[3], last[4], sendbuf, recvbuf)
+            result = recvbuf
+        if c is None:
+            c, result = spec.prepare(Edge(spec.name, t), **spec.with_buffers(bare, sendbuf, recvbuf))
+            if again is not None and recvbuf is not None and isinstance(c.send, np.ndarray):
+                last[:] = (weakref.ref(sendbuf), weakref.ref(recvbuf), c._replace(send=None, recv=None),
+                           sendbuf.dtype, c.send.dtype)
         t.begin(label)
         try:
             _run_body(t, dev, alg, c._replace(params=params) if params else c)   # (_replace: ~500 ns)

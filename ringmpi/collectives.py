@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .backend import Phantom, phantom
-from .api import Edge, call_plan, execute, group, send_recv_plan
+from .api import Edge, call_plan, execute, flat_view, group, send_recv_plan
 from .call import Call, block_counts, offsets
 from .ops import OPS
 from .transport import IN_PLACE, LAST, PLANS
@@ -103,6 +103,12 @@ class Collective:
     def mpi(self, t: Any, call: Call) -> None:
         raise NotImplementedError
 
+    def again(self, call: Call, dtype: np.dtype, canonical: np.dtype, sendbuf: Any, recvbuf: Any) -> Call | None:
+        """`prepare`'s Call (`call`, its buffers stripped) for the very arrays (the same
+        objects, so the same memory, shape and strides) it last accepted, or None to
+        prepare afresh: for collectives whose buffers are the user's arrays, flat."""
+        return None
+
     def direct(self, t: Any, call: Call, args: dict, choice: dict, slow: Any, tuner: Any = None) -> Any:
         """A fast-path plan calling MPI's own with the user's arrays as they are (see
         `api.send_recv_plan`), or None where this call shape needs the general path."""
@@ -143,6 +149,14 @@ class _Allreduce(Collective):
     def make(self, rank, p, x, *, op=None, root=0, inplace=False):
         send = x.copy()
         return Call(self, send, send if inplace else _blank(x.size, x), x.size, op, inplace=inplace)
+
+    def again(self, call, dtype, canonical, sendbuf, recvbuf):
+        # all that can change about the same array objects: their writability, a dtype set in place
+        if sendbuf.dtype is not dtype or recvbuf.dtype is not dtype or not recvbuf.flags.writeable:
+            return None
+        send = flat_view(sendbuf, canonical)
+        recv = send if call.inplace else flat_view(recvbuf, canonical)
+        return Call(self, send, recv, call.count, call.op, call.root, call.counts, call.inplace, call.params)
 
     def expected(self, xs, rank, op=None, root=0):
         return _fold(op, xs)

@@ -56,7 +56,7 @@ def reduce_scatter_phase(t, src, blk: list[slice], op, out_for, shift: int = 0) 
     right, left = (r + 1) % p, (r - 1) % p
     # where a received block lands before it is reduced (None over shared memory, which
     # reads it in the neighbour's memory and reduces it there, in one pass)
-    tmp = t.landing(max(b.stop - b.start for b in blk), src.dtype)
+    tmp = t.landing(max([b.stop - b.start for b in blk]), src.dtype)
     prev = None
     for i in range(p - 1):
         s, c = (r - i + shift) % p, (r - i - 1 + shift) % p

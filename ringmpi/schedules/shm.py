@@ -45,12 +45,19 @@ def _step(itemsize: int) -> int:
     return max(1, PART // itemsize)
 
 
-def _parts(s, width: int, itemsize: int) -> list[tuple[int, int]]:
+def _parts(s, width: int, itemsize: int) -> list[tuple[int, int] | None]:
     """The parts [lo, hi) of every block (`width` elements at most) the ring runs one after
-    the other: whole blocks where the transport reads ordinary arrays' blocks across, else
-    PART bytes (the same on every rank, whatever memory each rank's buffers are in)."""
-    step = max(width, 1) if s.reads_across(width * itemsize) else _step(itemsize)
-    return [(lo, lo + step) for lo in range(0, max(width, 1), step)]
+    the other: whole blocks (None) where the transport reads ordinary arrays' blocks across
+    or one part holds them, else PART bytes (the same on every rank, whatever memory each
+    rank's buffers are in)."""
+    step = _step(itemsize)
+    if width <= step or s.reads_across(width * itemsize):
+        return [None]
+    return [(lo, lo + step) for lo in range(0, width, step)]
+
+
+def _part_bytes(part: tuple[int, int] | None, width: int, itemsize: int) -> int:
+    return ((part[1] - part[0]) if part is not None else width) * itemsize
 
 
 def _in_parts(c, p: int, count: int, itemsize: int):
@@ -96,7 +103,7 @@ def allreduce(t, call):
     for part in _parts(s, width, call.itemsize):
         # every block the part publishes may be staged (the arena from its start: every
         # block of the previous part has been read)
-        s.reserve(2 * p * ((part[1] - part[0]) * call.itemsize + 64) + SLACK)
+        s.reserve(2 * p * (_part_bytes(part, width, call.itemsize) + 64) + SLACK)
         _ring.allreduce_part(s, call, off, part)
 
 
@@ -109,10 +116,10 @@ def _rounds_cost(reduces: bool):
 
 @register("reduce_scatter", "ring_shm", _rounds_cost(True), unavailable=_one_host)
 def reduce_scatter(t, call):
-    s = t.shared()
-    for part in _parts(s, max(call.counts), call.itemsize):
+    s, width = t.shared(), max(call.counts)
+    for part in _parts(s, width, call.itemsize):
         # ring.py's two work blocks and every block it publishes, staged
-        s.reserve((t.size + 2) * ((part[1] - part[0]) * call.itemsize + 64) + SLACK)
+        s.reserve((t.size + 2) * (_part_bytes(part, width, call.itemsize) + 64) + SLACK)
         _ring.reduce_scatter_part(s, call, part)
 
 
@@ -122,8 +129,9 @@ def allgather(t, call):
     off = offsets(call.counts)
     if not call.inplace:
         s.copy(call.send, call.recv[off[r]:off[r + 1]])
-    for part in _parts(s, max(call.counts), call.itemsize):
-        s.reserve(t.size * ((part[1] - part[0]) * call.itemsize + 64) + SLACK)   # every block it publishes
+    width = max(call.counts)
+    for part in _parts(s, width, call.itemsize):
+        s.reserve(t.size * (_part_bytes(part, width, call.itemsize) + 64) + SLACK)   # every block it publishes
         _ring.allgather_phase(s, call.recv, _ring.blocks_of(off, part), r)
 
 

@@ -408,8 +408,21 @@ def measure_d2h(backend: Any, nbytes: int, rounds: int = 5) -> float:
     return nbytes / max(statistics.median(times[1:]), 1e-9)
 
 
-def _sweep(t, o: Options, plan, sizes, dtype, op, root, prog):
-    """Time every (collective, size, algorithm, placement) side by side; check each once."""
+#: the pseudo-runner timed beside the largest sizes: one memory copy per rank
+COPY = ("memory copy", False)
+
+
+def _copy_runner(nbytes: int) -> Callable[[], object]:
+    src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+    return lambda: np.copyto(dst, src)
+
+
+def _sweep(t, o: Options, plan, sizes, dtype, op, root, prog, info: dict | None = None):
+    """Time every (collective, size, algorithm, placement) side by side; check each once.
+    At host sizes from half the banner's copy size (`info`), a memory copy of that size is
+    timed in the same interleaved rounds: this VM's memory bandwidth drifts by 2x between
+    minutes, so the bus bandwidth is compared with the copy rate measured beside it
+    (`info["copy_beside_GBps"]`, per size)."""
     rows, samples = [], []
     device = _device_of(o)
     prof = profile_of(t)
@@ -419,7 +432,14 @@ def _sweep(t, o: Options, plan, sizes, dtype, op, root, prog):
             iters, warm = default_iters(case.size)
             iters, warm = o.iters or iters, o.warmup if o.warmup is not None else warm
             runners = {(a, ip): case.runner(a, ip) for a in algs for ip in case.calls}
+            beside = info is not None and device is None and nbytes >= info["copy_bytes"] // 2
+            if beside:
+                runners[COPY] = _copy_runner(info["copy_bytes"])
             timing = time_interleaved(t, runners, iters, warm, o.rounds)
+            if beside:
+                # the slowest rank's median, as `measure_copy`
+                info.setdefault("copy_beside_GBps", {})[f"{spec.name}/{nbytes}"] = \
+                    info["copy_bytes"] / timing.pop(COPY)[2] / 1e9
             for (a, ip), tm in timing.items():
                 bad, sent = case.wrong(a, ip) if o.check else (0, 0)
                 row = _row(case, a, ip, tm, o, sum(t.allgather_obj(bad)), max(t.allgather_obj(sent)), iters)
@@ -537,10 +557,13 @@ def _footer(info, rows, auto_rows, prof, overhead) -> None:
     top = max((r["size"] for r in rows), default=0)
     at_top = {r["algorithm"]: r["busbw"] for r in rows if r["size"] == top and r["placement"] == "out"
               and r["collective"] == rows[0]["collective"]}
-    if top >= info["copy_bytes"] // 2 and at_top and info.get("copy_GBps"):
+    copy = info.get("copy_beside_GBps", {}).get(f"{rows[0]['collective']}/{top}") if rows else None
+    if top >= info["copy_bytes"] // 2 and at_top and (copy or info.get("copy_GBps")):
+        how = ("timed in the same interleaved rounds" if copy else "at the start")
+        copy = copy or info["copy_GBps"]
         print(f"# {rows[0]['collective']} bus bandwidth at {size_label(top)}B / memory copy "
-              f"({info['copy_GBps']:.3g} GB/s): " + ", ".join(f"{a} {bw / info['copy_GBps']:.2f}"
-                                                          for a, bw in sorted(at_top.items(), key=lambda kv: -kv[1])))
+              f"({copy:.3g} GB/s per rank, every rank copying {size_label(info['copy_bytes'])}B at once, {how}): "
+              + ", ".join(f"{a} {bw / copy:.2f}" for a, bw in sorted(at_top.items(), key=lambda kv: -kv[1])))
     wrong = sum(r["wrong"] for r in rows)
     nonzero = [r["busbw"] for r in rows if r["size"]]
     print(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
@@ -591,7 +614,7 @@ def run(o: Options, comm: Any = None) -> int:
     try:
         with np.errstate(over="ignore", invalid="ignore"):  # repeated in-place sums overflow
             for d, x in pairs:  # -d all / -o all: every valid pair, as nccl-tests
-                r, smp = _sweep(t, o, o.plan(d, x, t), sizes, d, x, root, prog)
+                r, smp = _sweep(t, o, o.plan(d, x, t), sizes, d, x, root, prog, info)
                 rows, samples = rows + r, samples + smp
             prof = _fit(t, samples, sizes, dtype, info)
             set_profile(t, DEFAULT if o.fresh else prof)  # --fresh: auto learns online, from nothing

@@ -125,6 +125,31 @@ def test_bad_buffers_on_the_fast_path_get_the_full_error(alg):
     assert np.array_equal(ringmpi.allreduce(x, algorithm=alg), x * P)
 
 
+@pytest.mark.parametrize("alg", ["ring", "ring_shm"])
+def test_the_same_arrays_again_are_checked_for_what_can_change(alg, rng):
+    """A plan remembers the last arrays it validated (weakly) and skips, for the very same
+    objects, what cannot have changed about them; what can is checked on every call: new
+    contents give new sums (in place too), a result made read-only is refused on every
+    rank, and the call after that is served again."""
+    if alg not in ringmpi.algorithms("allreduce"):
+        pytest.skip(f"{alg} cannot run here")
+    x, y = np.empty(1000), np.empty(1000)
+    for _ in range(3):
+        x[:] = rng.integers(-50, 50, 1000)
+        assert np.array_equal(ringmpi.allreduce(x, y, algorithm=alg), reference("allreduce", x))
+    z = x.copy()
+    for _ in range(2):
+        z[:] = x
+        ringmpi.allreduce(z, z, algorithm=alg)
+        assert np.array_equal(z, reference("allreduce", x))
+    y.flags.writeable = False
+    for _ in range(2):
+        with pytest.raises(ringmpi.RingmpiUsageError, match="read-only"):
+            ringmpi.allreduce(x, y, algorithm=alg)
+    y.flags.writeable = True
+    assert np.array_equal(ringmpi.allreduce(x, y, algorithm=alg), reference("allreduce", x))
+
+
 def test_online_tuning_agrees_on_every_rank(rng):
     """auto explores on the first calls of each size bucket; every rank runs the same
     candidate at the same call and settles on the same winner, results exact throughout."""
