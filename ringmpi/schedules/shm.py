@@ -57,7 +57,9 @@ def _parts(s, width: int, itemsize: int) -> list[tuple[int, int] | None]:
 
 
 def _part_bytes(part: tuple[int, int] | None, width: int, itemsize: int) -> int:
-    return ((part[1] - part[0]) if part is not None else width) * itemsize
+    """The largest block of a part that may be staged (whole blocks read across stage at
+    most a short block of uneven counts; one the arena cannot hold is read across too)."""
+    return ((part[1] - part[0]) if part is not None else min(width, _step(itemsize))) * itemsize
 
 
 def _in_parts(c, p: int, count: int, itemsize: int):

@@ -127,13 +127,33 @@ def test_ranks_mixing_shared_and_ordinary_arrays_run_the_same_parts(rng, monkeyp
         assert got.tobytes() == ring.tobytes(), n
 
 
+def test_a_block_the_arena_cannot_hold_is_read_across(rng, monkeypatch):
+    """Whole blocks (the widest read across) with uneven counts: a short block is staged,
+    and one between the part size and CMA_MIN that the arena cannot hold is read across
+    instead of failing; the ring's bits."""
+    from ringmpi.schedules import shm as schedule
+    dup = COMM.Dup()
+    try:
+        s = group(dup).shared()
+        if not s.cross_memory:
+            pytest.skip("no cross-memory reads here")
+        monkeypatch.setattr(schedule, "PART", 4096)
+        counts = [(5 << 20) // 8, (2 << 20) // 8 + 3] + [7 + q for q in range(P - 2)]
+        x = make_data(rng, "float64", sum(counts), "SUM")
+        want = ringmpi.reduce_scatter(x, algorithm="ring", counts=counts, comm=dup)
+        got = ringmpi.reduce_scatter(x, algorithm="ring_shm", counts=counts, comm=dup)
+        assert got.tobytes() == want.tobytes() and s._arena < (2 << 20)
+    finally:
+        dup.Free()
+
+
 @pytest.mark.parametrize("cma", ["1", "0"])
 def test_ordinary_arrays_read_across_or_staged_give_the_same_bits(rng, cma):
     """RINGMPI_SHM_CMA=1 (default): blocks of ordinary arrays from CMA_MIN up are read from
-    the peer's private memory (reduced through the cache-sized chunk, so several chunks and
-    a remainder here), nothing staged; =0: staged through the arena. Either way the ring's
-    bits, MPI's values, the send buffer untouched, for all-reduce (in place too),
-    reduce-scatter, all-gather and broadcast."""
+    the peer's private memory (into the result, or in place into a kept buffer), nothing
+    staged; below it, in parts through the arena (several parts and a remainder here);
+    =0: staged through the arena. Either way the ring's bits, MPI's values, the send buffer
+    untouched, for all-reduce (in place too), reduce-scatter, all-gather and broadcast."""
     import os
 
     from ringmpi import shm
@@ -144,7 +164,7 @@ def test_ordinary_arrays_read_across_or_staged_give_the_same_bits(rng, cma):
         s = group(dup).shared()
         if cma == "0":
             assert not s.cross_memory
-        for n in (100, 3 * shm.CMA_CHUNK // 4 * P + 7, shm.CMA_MIN // 4 * P + 5):
+        for n in (100, (3 << 20) // 4 * P + 7, shm.CMA_MIN // 4 * P + 5):
             for dtype, op in (("float32", "SUM"), ("float64", "MAX"), ("int64", "BXOR")):
                 x = make_data(rng, dtype, n, op)
                 keep = x.copy()
