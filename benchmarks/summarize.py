@@ -124,8 +124,8 @@ def shm_section(unshared: dict, shared: dict) -> list[str]:
            "Time / MPI_Allreduce, float32 SUM, out of place; each column from its own run "
            "(the runs are minutes apart, and this VM's memory bandwidth drifts between runs). The ring runs "
            "in parts of 512 KiB of every block; with -R 0 (ordinary arrays) a part's blocks are staged "
-           "through the shared segments, and blocks from 12 MiB are read whole from the peer's private "
-           "memory (cross-memory attach).", "",
+           "through the shared segments, and blocks from 4 MiB are read whole from the peer's private "
+           "memory (cross-memory attach, a megabyte at a time into the result).", "",
            "| size | MPI_Allreduce, -R 1 (us) | ring_shm, -R 1 | ring (p2p), -R 1 | ring_shm, -R 0 | ring (p2p), -R 0 | auto chose, -R 1 |",
            "|---|---|---|---|---|---|---|"]
     chose = {a["size"]: a["chose"] for a in autos(shared, "allreduce")}
