@@ -251,35 +251,43 @@ class SharedTransport(CountedMemory):
     def _take(self, n: int, dtype: Any) -> tuple[np.ndarray, int | None]:
         dt = np.dtype(dtype)
         nbytes = n * dt.itemsize
+        start = self._carve(nbytes)
+        if start is None:
+            return np.empty(n, dt), None
+        return self._arena_bytes[start:start + nbytes].view(dt), start
+
+    def _carve(self, nbytes: int) -> int | None:
+        """The offset in my segment 0 of `nbytes` more of this call's arena, or None when it
+        has no room left."""
         need = _round(max(nbytes, 1))
         if self._cursor + need > self._arena:
-            return np.empty(n, dt), None
+            return None
         start = self._ctl_bytes + self._cursor
         self._cursor += need
-        return self._arena_bytes[start:start + nbytes].view(dt), start
+        return start
 
     # -- data movement ------------------------------------------------------------------
     def _publish(self, buf: np.ndarray, dest: int) -> None:
         # (the hot path of every round: a few hundred ns of Python matter at small sizes)
-        nbytes, seg = buf.nbytes, None
-        need = -(-max(nbytes, 1) // ALIGN) * ALIGN
-        if buf.flags.c_contiguous:
+        nbytes, seg, contiguous = buf.nbytes, None, buf.flags.c_contiguous
+        if contiguous:
             addr = cma.address(buf)
             where = self._where(addr, nbytes)
             if where is not None:
                 seg, off = where
-            elif self._cma is not None and (nbytes >= CMA_MIN or self._cursor + need > self._arena):
-                # private memory the receiver reads across (cma): from CMA_MIN, or whatever its
-                # size when the arena has no room to stage it
-                seg, off = -1, addr
+            elif self.reads_across(nbytes):
+                seg, off = -1, addr             # private memory the receiver reads across (cma)
         if seg is None:                         # not in shared memory: into the arena first
-            if self._cursor + need > self._arena:
+            off = self._carve(nbytes)
+            if off is not None:
+                seg = 0
+                staged = self._arena_bytes[off:off + nbytes].view(buf.dtype)
+                np.copyto(staged if buf.ndim == 1 else staged.reshape(buf.shape), buf)
+                self.counters.bytes_copied += nbytes
+            elif self._cma is not None and contiguous:
+                seg, off = -1, addr             # no room to stage it: read across whatever its size
+            else:
                 raise MemoryError(f"shared arena of {self._arena} bytes is full (needs {nbytes} more)")
-            seg, off = 0, self._ctl_bytes + self._cursor
-            self._cursor += need
-            staged = self._arena_bytes[off:off + nbytes].view(buf.dtype)
-            np.copyto(staged if buf.ndim == 1 else staged.reshape(buf.shape), buf)
-            self.counters.bytes_copied += nbytes
         ctl, at = self._mine, dest * WORDS
         ctl[at + SEG], ctl[at + OFF], ctl[at + LEN] = seg, off, nbytes
         self.sent[dest] = sent = self.sent[dest] + 1
