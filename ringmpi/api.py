@@ -440,9 +440,9 @@ def send_recv_plan(t: Any, function: str, op: str | None, shape: tuple, dtype: n
     anything the key does not cover (overlapping buffers, a read-only result, a buffer
     mpi4py cannot take: its BufferError or ValueError, raised before any message moves)
     goes to the full path, which explains or serves it. Buffers go to MPI with the
-    datatype of the canonical dtype (`direct`), so 'l' and 'q' arrays mix. `run.same_buffers` skips the overlap test: for a caller that
-    passes the very arrays (by identity) that passed it before (an array's memory never
-    moves). `copy_in_place` (a small all-reduce whose result is shaped like its input): a
+    datatype of the canonical dtype (`direct`), so 'l' and 'q' arrays mix.
+    `run.same_buffers` skips the overlap test: for a caller that passes the very arrays
+    (by identity) that passed it before (an array's memory never moves). `copy_in_place` (a small all-reduce whose result is shaped like its input): a
     new result is a copy of the send buffer reduced in place, which costs mpi4py one
     buffer less (~100 ns, against ~15 ns more for copying a few hundred bytes than for
     allocating them)."""

@@ -11,7 +11,8 @@ winner. The winner is then monitored (one call in 4 to 256 timed, so that timing
 about 1% of the bucket's time; every 16 samples the median, again MAX over ranks) and
 replaced by the runner-up only when it is >= 10% slower than the runner-up's tuned time.
 A calibrated profile that measured every candidate at that size, or a profile holding what
-an earlier run learned (`save_learned`), seeds the choice without exploration. RINGMPI_TUNE=0 keeps the prediction below alone.
+an earlier run learned (`save_learned`), seeds the choice without exploration.
+RINGMPI_TUNE=0 keeps the prediction below alone.
 
 Prediction per (collective, algorithm, world size, bytes):
   1. inside the sizes the active profile measured: log-log interpolation of the measured

@@ -23,15 +23,15 @@ from __future__ import annotations
 import itertools
 import statistics
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from . import schedules
 from .cost import Profile
 
-__all__ = ["Sample", "nnls", "fit_profile", "fit_quality", "measure_p2p", "measure_gamma", "fit_measured",
-           "unphysical", "MAX_FIT_ERROR"]
+__all__ = ["Sample", "nnls", "fit_profile", "fit_quality", "copy_runner", "measure_p2p", "measure_gamma",
+           "fit_measured", "unphysical", "MAX_FIT_ERROR"]
 
 #: a fit whose formulas miss the measurements by more than this (median) is not saved
 MAX_FIT_ERROR = 0.5
@@ -182,19 +182,25 @@ def measure_gamma(t: Any, dtype: Any = np.float32, sizes: tuple = (1 << 16, 1 <<
     return out
 
 
+def copy_runner(nbytes: int) -> Callable[[], Any]:
+    """One memory copy of `nbytes` per call, its pages touched once already."""
+    src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+    np.copyto(dst, src)
+    return lambda: np.copyto(dst, src)
+
+
 def measure_copy(t: Any, nbytes: int = 64 << 20, rounds: int = 5) -> float:
     """Bytes per second one core copies (np.copyto of `nbytes`) while every rank copies at
     once: the host's memory bandwidth as a rank sees it during a collective, the physical
     reference for an all-reduce over shared memory (2 ranks move about 2.5 bytes of memory
     traffic per byte reduced where a copy moves 2). Median over rounds, the slowest rank."""
     import time
-    src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
-    np.copyto(dst, src)                       # first touch outside the timing
+    copy = copy_runner(nbytes)
     per = []
     for _ in range(rounds):
         t.barrier()
         t0 = time.perf_counter()
-        np.copyto(dst, src)
+        copy()
         per.append(time.perf_counter() - t0)
     return nbytes / max(t.allgather_obj(statistics.median(per)))
 

@@ -130,11 +130,12 @@ def _two_nodes(cross, call, mine, j) -> None:
     that reduces it (node j % 2), and the result comes back. Even places send one way while
     odd places send the other, so each host link carries n/2 each way in each of the two
     rounds, as the 2-rank rings would (a rank sends twice the ring's bytes, in one round
-    instead of two: `_one_way_cost`), but no connection carries data both ways at once. Full-duplex traffic on one TCP connection
-    behind a deep transmit queue runs at half the link rate (measured: an 8 MiB
-    MPI_Sendrecv between two hosts over 1 Gbit/s took 141 ms, two one-way 8 MiB sends on
-    separate connections 71 ms), since each direction's acknowledgements wait behind the
-    other's data; a 2-rank ring exchanges with one peer both ways in every round."""
+    instead of two: `_one_way_cost`), but no connection carries data both ways at once.
+    Full-duplex traffic on one TCP connection behind a deep transmit queue runs at half
+    the link rate (measured: an 8 MiB MPI_Sendrecv between two hosts over 1 Gbit/s took
+    141 ms, two one-way 8 MiB sends on separate connections 71 ms), since each direction's
+    acknowledgements wait behind the other's data; a 2-rank ring exchanges with one peer
+    both ways in every round."""
     peer = 1 - cross.rank
     if cross.rank == j % 2:
         landing = cross.empty(mine.size, mine.dtype)

@@ -24,9 +24,10 @@ With S = ceil(ceil(n/p) / PART) parts, on the node's links:
 
 (reduce-scatter and all-gather: half the rounds and bytes; the formula and the simulator
 count parts; a transport reading across runs whole blocks, S = 1). Measured, 2 ranks,
-float32 all-reduce / MPI_Allreduce, ordinary arrays: 4 MiB 0.47 in parts against 1.02
-whole, 16 MiB 0.66 against 0.95 (read across); shared arrays 4 MiB 0.36 against 0.78,
-16 MiB 0.45 against 0.91, 64 MiB 0.28 against 0.41. Parts of 1 MiB lose it (4 MiB 1.05).
+float32 all-reduce / MPI_Allreduce: ordinary arrays staged, 4 MiB 0.47 in parts against
+1.02 whole; shared arrays 4 MiB 0.36 against 0.78, 16 MiB 0.45 against 0.91, 64 MiB 0.28
+against 0.41. Parts of 1 MiB lose it (4 MiB 1.05). Where blocks of ordinary arrays are
+read across (from `shm.CMA_MIN`, see there) whole blocks do as well or better.
 
 Only for ranks that share one host (`unavailable` otherwise: auto leaves them out).
 """

@@ -45,7 +45,8 @@ from .. import schedules
 from .. import collectives as _collectives
 from ..api import group, mpi_reference
 from ..auto import DEFAULT, profile_of, profile_path, set_profile
-from ..calibrate import Sample, fit_measured, fit_quality, measure_copy, measure_gamma, measure_p2p, unphysical
+from ..calibrate import (Sample, copy_runner, fit_measured, fit_quality, measure_copy, measure_gamma, measure_p2p,
+                         unphysical)
 from ..collectives import SPECS, Collective
 from ..errors import RingmpiUsageError
 from ..ops import OPS, SUPPORTED_DTYPES, check_op_dtype
@@ -412,11 +413,6 @@ def measure_d2h(backend: Any, nbytes: int, rounds: int = 5) -> float:
 COPY = ("memory copy", False)
 
 
-def _copy_runner(nbytes: int) -> Callable[[], object]:
-    src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
-    return lambda: np.copyto(dst, src)
-
-
 def _sweep(t, o: Options, plan, sizes, dtype, op, root, prog, info: dict | None = None):
     """Time every (collective, size, algorithm, placement) side by side; check each once.
     At host sizes from half the banner's copy size (`info`), a memory copy of that size is
@@ -434,7 +430,7 @@ def _sweep(t, o: Options, plan, sizes, dtype, op, root, prog, info: dict | None 
             runners = {(a, ip): case.runner(a, ip) for a in algs for ip in case.calls}
             beside = info is not None and device is None and nbytes >= info["copy_bytes"] // 2
             if beside:
-                runners[COPY] = _copy_runner(info["copy_bytes"])
+                runners[COPY] = copy_runner(info["copy_bytes"])
             timing = time_interleaved(t, runners, iters, warm, o.rounds)
             if beside:
                 # the slowest rank's median, as `measure_copy`
