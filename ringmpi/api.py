@@ -432,10 +432,12 @@ def monitored(t: Any, tuner: Any, plan: Callable, sendbuf: Any, recvbuf: Any) ->
     return out
 
 
-def send_recv_plan(t: Any, function: str, op: str | None, shape: tuple, dtype: np.dtype, label: str,
+def send_recv_plan(t: Any, function: str, op: str | None, shape: tuple | None, dtype: np.dtype, label: str,
                    choice: dict, slow: Callable, tuner: Any = None, copy_in_place: bool = False) -> Callable:
     """The library's `function(send, recv[, op])` on the user's arrays: a new result array
-    of `shape` and `dtype` when recvbuf is None, IN_PLACE when recvbuf is sendbuf. This is
+    of `shape` (None: the send buffer's shape at that call, which `x.shape = ...` can change
+    under the same array object) and `dtype` when recvbuf is None, IN_PLACE when recvbuf is
+    sendbuf. This is
     the fast path's hot loop: no validation beyond what the plan's key guarantees, and
     anything the key does not cover (overlapping buffers, a read-only result, a buffer
     mpi4py cannot take: its BufferError or ValueError, raised before any message moves)
@@ -448,7 +450,7 @@ def send_recv_plan(t: Any, function: str, op: str | None, shape: tuple, dtype: n
     allocating them)."""
     fn, mpi_op, in_place, mpi_type = t.direct(function, op, dtype)
     empty, may_share = np.empty, np.may_share_memory
-    if len(shape) == 1:
+    if shape is not None and len(shape) == 1:
         shape = shape[0]  # np.empty(n) is faster than np.empty((n,))
 
     def make(check: bool) -> Callable:
@@ -462,7 +464,7 @@ def send_recv_plan(t: Any, function: str, op: str | None, shape: tuple, dtype: n
                     recvbuf = sendbuf.copy()
                     send = in_place
                 else:
-                    recvbuf = empty(shape, dtype)
+                    recvbuf = empty(sendbuf.shape if shape is None else shape, dtype)
                     send = (sendbuf, mpi_type)
             elif recvbuf is sendbuf:
                 send = in_place

@@ -169,7 +169,7 @@ class _Allreduce(Collective):
 
     def direct(self, t, call, args, choice, slow, tuner=None):
         send = args["sendbuf"]
-        return send_recv_plan(t, "Allreduce", call.op, send.shape, send.dtype, "allreduce/mpi", choice, slow, tuner,
+        return send_recv_plan(t, "Allreduce", call.op, None, send.dtype, "allreduce/mpi", choice, slow, tuner,
                               copy_in_place=send.nbytes <= _COPY_IN_PLACE)
 
 
@@ -345,6 +345,27 @@ class _Reduce(Collective):
         else:
             t.library("Reduce", call.send, call.recv, call.op, call.root)
 
+    def direct(self, t, call, args, choice, slow, tuner=None):
+        # as send_recv_plan's, with the root: a result only there (a new array, IN_PLACE, or
+        # the user's, which must not overlap the send buffer), the send buffer alone elsewhere
+        sendbuf = args["sendbuf"]
+        _, mpi_op, in_place, mpi_type = t.direct("Reduce", call.op, sendbuf.dtype)
+        root, dtype = call.root, sendbuf.dtype
+        may_share = np.may_share_memory
+        if t.rank != root:
+            def build(sendbuf, recvbuf):
+                return ((sendbuf, mpi_type), None, mpi_op, root), None
+        else:
+            def build(sendbuf, recvbuf):
+                if recvbuf is None:
+                    recvbuf = np.empty(sendbuf.shape, dtype)
+                elif recvbuf is sendbuf:
+                    return (in_place, (recvbuf, mpi_type), mpi_op, root), recvbuf
+                elif (sendbuf.base is not None or recvbuf.base is not None) and may_share(sendbuf, recvbuf):
+                    return None
+                return ((sendbuf, mpi_type), (recvbuf, mpi_type), mpi_op, root), recvbuf
+        return call_plan(t, "Reduce", build, "reduce/mpi", choice, slow, tuner)
+
 
 class _Alltoall(Collective):
     name, busbw, simulated_native, taught = "alltoall", "(n-1)/n", "pairwise", "pairwise"
@@ -381,7 +402,7 @@ class _Alltoall(Collective):
         t.library("Alltoall", IN_PLACE if call.inplace else call.send, call.recv)
 
     def direct(self, t, call, args, choice, slow, tuner=None):
-        return send_recv_plan(t, "Alltoall", None, args["sendbuf"].shape, args["sendbuf"].dtype, "alltoall/mpi", choice,
+        return send_recv_plan(t, "Alltoall", None, None, args["sendbuf"].dtype, "alltoall/mpi", choice,
                               slow, tuner)
 
 
@@ -399,12 +420,12 @@ def spec(name: str) -> Collective:
 
 
 # -- the public calls ------------------------------------------------------------------------
-# Each call looks for a plan kept by an earlier call of the same shape (`api.execute`): the
-# key is the collective, the communicator, the algorithm, the other arguments, and the
-# buffers' dtype and shape (and whether the result buffer is new, the send buffer, or
-# another one). A miss, or anything that is not an array, takes the full path.
-
-_LAST_ALLREDUCE = LAST.setdefault("allreduce", [None] * 6)
+# Each call looks first at the last call of the same function (`_remembered`: the very same
+# arrays and arguments, by identity, as a training loop passes every step), then for a plan
+# kept by an earlier call of the same shape (`api.execute`): the key is the collective, the
+# communicator, the algorithm, the other arguments, and the buffers' dtype and shape (and
+# whether the result buffer is new, the send buffer, or another one). A miss, or anything
+# that is not an array, takes the full path.
 
 
 def _key(ok: bool, spec: Collective, comm: Any, algorithm: Any, extra: Any, sendbuf: Any, recvbuf: Any) -> tuple | None:
@@ -416,6 +437,69 @@ def _key(ok: bool, spec: Collective, comm: Any, algorithm: Any, extra: Any, send
                                                                               type(recvbuf)))
     except AttributeError:
         return None
+
+
+def _memo(name: str) -> list:
+    """The last call of public function `name` (`LAST`): weak references to its send buffer
+    and result buffer (None: a new result; True: in place), its other arguments, its
+    communicator and algorithm, its plan (None once `forget_plans` ran), the send buffer's
+    dtype, and the given result buffer's dtype; then, for `_through`, the calls to let pass
+    before remembering again, and the last such pause."""
+    return LAST.setdefault(name, [None] * 8 + [0, 0])
+
+
+def _remembered(m: list, sendbuf: Any, recvbuf: Any, extra: Any, comm: Any, algorithm: Any) -> Any:
+    """The plan of the last call (memo `m`) when this call passes the very same arrays (the
+    same memory; with the dtypes they had then: `x.dtype = ...` keeps the object; a shape
+    set so is read by the plans) and equal other arguments, else None."""
+    plan = m[5]
+    if plan is None or m[0]() is not sendbuf or m[3] is not comm or m[4] is not algorithm or \
+            sendbuf.dtype is not m[6] or not m[2] == extra:
+        return None
+    r = m[1]
+    if r is None:
+        return plan if recvbuf is None else None
+    if r is True:
+        return plan if recvbuf is sendbuf else None
+    return plan if r() is recvbuf and recvbuf.dtype is m[7] else None
+
+
+def _remember(m: list, plan: Any, sendbuf: Any, recvbuf: Any, extra: Any, comm: Any, algorithm: Any) -> None:
+    """Keep this call in memo `m`, once it went through (a call the plan refused raised): a
+    direct plan's checks (overlap, layout) hold for these very arrays from now on, when
+    neither is a view (`same_buffers`)."""
+    same = getattr(plan, "same_buffers", None)
+    if same is not None and not (recvbuf is None or recvbuf is sendbuf or (sendbuf.base is None and
+                                                                         recvbuf.base is None)):
+        same = None
+    try:
+        m[:8] = (weakref.ref(sendbuf), None if recvbuf is None else True if recvbuf is sendbuf else weakref.ref(recvbuf),
+                 extra, comm, algorithm, same or plan, sendbuf.dtype, None if recvbuf is None else recvbuf.dtype)
+    except TypeError:   # an array type without weak references: no memo
+        m[5] = None
+
+
+def _through(m: list, plan: Any, sendbuf: Any, recvbuf: Any, extra: Any, comm: Any, algorithm: Any) -> Any:
+    """Run a plan found by its key, and remember the call in memo `m`, unless the arrays
+    remembered last had died by this call: a loop that passes new arrays every call would
+    pay ~200 ns a call for remembering them and never be served, so the memo then backs off
+    (skips 1, 3, 7, ... up to 64 calls before it remembers again; kept arrays are served
+    from the call after)."""
+    out = plan(sendbuf, recvbuf)
+    if m[8]:
+        m[8] -= 1
+        m[5] = None   # (what it holds died: the next call's check stops at once)
+        return out
+    if m[0] is not None and (m[0]() is None or type(m[1]) is weakref.ReferenceType and m[1]() is None):
+        m[9] = m[8] = min(2 * m[9] + 1, 64)
+    else:
+        m[9] = 0
+    _remember(m, plan, sendbuf, recvbuf, extra, comm, algorithm)
+    return out
+
+
+_LAST_ALLREDUCE, _LAST_REDUCE_SCATTER, _LAST_ALLGATHER, _LAST_BROADCAST, _LAST_REDUCE, _LAST_ALLTOALL = (
+    _memo(name) for name in ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall"))
 
 
 def allreduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any = "sum",
@@ -440,22 +524,17 @@ def allreduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any
     Example (mpirun -n 4):
         >>> s = ringmpi.allreduce(np.arange(3.0), algorithm="ring")   # [0, 4, 8] on every rank
     """
-    m = _LAST_ALLREDUCE  # the hot path of a training loop: the same buffers as the last call
+    m = _LAST_ALLREDUCE   # `_remembered`, inlined: the hot path of a training loop (~70 ns less)
     plan = m[5]
-    if plan is not None and m[0]() is sendbuf and m[2] is op and m[3] is comm and m[4] is algorithm and (
-            recvbuf is None if m[1] is None else recvbuf is sendbuf if m[1] is True else m[1]() is recvbuf):
+    if plan is not None and m[0]() is sendbuf and m[2] is op and m[3] is comm and m[4] is algorithm and \
+            sendbuf.dtype is m[6] and (recvbuf is None if m[1] is None else
+                                       recvbuf is sendbuf if m[1] is True else
+                                       m[1]() is recvbuf and recvbuf.dtype is m[7]):
         return plan(sendbuf, recvbuf)
     plan = PLANS.get(key := _key(True, _ALLREDUCE, comm, algorithm, id(op), sendbuf, recvbuf))
     if plan is None:
         return execute(_ALLREDUCE, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, op=op), key)
-    out = plan(sendbuf, recvbuf)
-    # remembered once the call went through (a call the plan refused raised): a direct plan's
-    # checks (overlap, layout) hold for these very arrays from now on (neither is a view)
-    same = getattr(plan, "same_buffers", None)
-    m[:] = (weakref.ref(sendbuf), recvbuf if recvbuf is None else True if recvbuf is sendbuf else weakref.ref(recvbuf),
-            op, comm, algorithm, same if same is not None and (recvbuf is None or recvbuf is sendbuf or (
-                sendbuf.base is None and recvbuf.base is None)) else plan)
-    return out
+    return _through(_LAST_ALLREDUCE, plan, sendbuf, recvbuf, op, comm, algorithm)
 
 
 def reduce_scatter(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any = "sum",
@@ -472,9 +551,14 @@ def reduce_scatter(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op
     Example (mpirun -n 2):
         >>> ringmpi.reduce_scatter(np.ones(4))      # [2., 2.] on both ranks
     """
+    plan = _remembered(_LAST_REDUCE_SCATTER, sendbuf, recvbuf, op, comm, algorithm) if counts is None else None
+    if plan is not None:
+        return plan(sendbuf, recvbuf)
     plan = PLANS.get(key := _key(counts is None, _REDUCE_SCATTER, comm, algorithm, id(op), sendbuf, recvbuf))
-    return plan(sendbuf, recvbuf) if plan is not None else \
-        execute(_REDUCE_SCATTER, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, op=op, counts=counts), key)
+    if plan is None:
+        return execute(_REDUCE_SCATTER, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, op=op, counts=counts),
+                       key)
+    return _through(_LAST_REDUCE_SCATTER, plan, sendbuf, recvbuf, op, comm, algorithm)
 
 
 def allgather(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, comm: Any = None,
@@ -489,9 +573,13 @@ def allgather(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, comm: A
     Example (mpirun -n 2):
         >>> ringmpi.allgather(np.array([rank]))     # [0, 1] on both ranks
     """
+    plan = _remembered(_LAST_ALLGATHER, sendbuf, recvbuf, None, comm, algorithm) if counts is None else None
+    if plan is not None:
+        return plan(sendbuf, recvbuf)
     plan = PLANS.get(key := _key(counts is None, _ALLGATHER, comm, algorithm, None, sendbuf, recvbuf))
-    return plan(sendbuf, recvbuf) if plan is not None else \
-        execute(_ALLGATHER, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, counts=counts), key)
+    if plan is None:
+        return execute(_ALLGATHER, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, counts=counts), key)
+    return _through(_LAST_ALLGATHER, plan, sendbuf, recvbuf, None, comm, algorithm)
 
 
 def broadcast(buf: np.ndarray, root: int = 0, *, comm: Any = None, algorithm: str = "auto",
@@ -505,10 +593,15 @@ def broadcast(buf: np.ndarray, root: int = 0, *, comm: Any = None, algorithm: st
     Example:
         >>> ringmpi.broadcast(weights, root=0, algorithm="pipeline", segments=16)
     """
+    extra = (root, segments)
+    plan = _remembered(_LAST_BROADCAST, buf, None, extra, comm, algorithm)
+    if plan is not None:
+        return plan(buf, None)
     plan = PLANS.get(key := _key(type(root) is int and (segments is None or type(segments) is int), _BROADCAST, comm,
-                                 algorithm, (root, segments), buf, None))
-    return plan(buf, None) if plan is not None else \
-        execute(_BROADCAST, comm, algorithm, dict(buf=buf, root=root, segments=segments), key)
+                                 algorithm, extra, buf, None))
+    if plan is None:
+        return execute(_BROADCAST, comm, algorithm, dict(buf=buf, root=root, segments=segments), key)
+    return _through(_LAST_BROADCAST, plan, buf, None, extra, comm, algorithm)
 
 
 def reduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, root: int = 0, *,
@@ -518,9 +611,14 @@ def reduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, root: int = 0
     `recvbuf` matters on the root only (`recvbuf is sendbuf`: in place). Algorithms:
     "ring" (reduce-scatter, then the blocks to the root), "tree", "naive", "mpi", "auto".
     """
+    extra = (root, op)
+    plan = _remembered(_LAST_REDUCE, sendbuf, recvbuf, extra, comm, algorithm)
+    if plan is not None:
+        return plan(sendbuf, recvbuf)
     plan = PLANS.get(key := _key(type(root) is int, _REDUCE, comm, algorithm, (root, id(op)), sendbuf, recvbuf))
-    return plan(sendbuf, recvbuf) if plan is not None else \
-        execute(_REDUCE, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, root=root, op=op), key)
+    if plan is None:
+        return execute(_REDUCE, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, root=root, op=op), key)
+    return _through(_LAST_REDUCE, plan, sendbuf, recvbuf, extra, comm, algorithm)
 
 
 def alltoall(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, comm: Any = None,
@@ -534,9 +632,13 @@ def alltoall(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, comm: An
     Example (mpirun -n 2):
         >>> ringmpi.alltoall(np.array([10 * rank, 10 * rank + 1]))   # rank 0: [0, 10]; rank 1: [1, 11]
     """
+    plan = _remembered(_LAST_ALLTOALL, sendbuf, recvbuf, None, comm, algorithm)
+    if plan is not None:
+        return plan(sendbuf, recvbuf)
     plan = PLANS.get(key := _key(True, _ALLTOALL, comm, algorithm, None, sendbuf, recvbuf))
-    return plan(sendbuf, recvbuf) if plan is not None else \
-        execute(_ALLTOALL, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf), key)
+    if plan is None:
+        return execute(_ALLTOALL, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf), key)
+    return _through(_LAST_ALLTOALL, plan, sendbuf, recvbuf, None, comm, algorithm)
 
 
 def shift(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, offset: int = 1,

@@ -327,7 +327,7 @@ class Comm(MPI.Intracomm):
         if hot is not None:
             hit = hot.get(id(recvbuf))
             if hit is not None and hit[0] is op and hit[1] == GENERATION[0] and hit[2]() is sendbuf and \
-                    hit[3]() is recvbuf:
+                    hit[3]() is recvbuf and recvbuf.dtype is hit[6] and (hit[5] or sendbuf.dtype is hit[7]):
                 hit[4](recvbuf if hit[5] else sendbuf, recvbuf)
                 return
         CALLS["Allreduce"] += 1
@@ -351,7 +351,9 @@ class Comm(MPI.Intracomm):
         if hot is None or len(hot) >= _HOT_SIZE:
             hot = self._hot = {}
         send_ref = (lambda v=sendbuf: v) if in_place else weakref.ref(sendbuf)
-        hot[id(recvbuf)] = (op, GENERATION[0], send_ref, weakref.ref(recvbuf), memo[5], in_place)
+        # (and the arrays' dtypes, which can be set in place)
+        hot[id(recvbuf)] = (op, GENERATION[0], send_ref, weakref.ref(recvbuf), memo[5], in_place, recvbuf.dtype,
+                            None if in_place else sendbuf.dtype)
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0) -> None:
         CALLS["Reduce"] += 1
