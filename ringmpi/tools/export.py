@@ -97,6 +97,9 @@ def mpich_json(prof: Profile, p: int, default: dict) -> dict:
     known = _algorithms_in(default)
     for coll, (key, cond, names) in MPICH.items():
         node = tree.get(f"collective={key}", {}).get("comm_type=intra")
+        if coll == "allgather" and p & (p - 1):
+            # ringmpi's recursive doubling is Bruck's off powers of two; MPICH's asserts one
+            names = {**names, "recursive_doubling": "MPIR_Allgather_intra_brucks"}
         # only algorithms this MPICH names in its own tree (MPICH 4.0 has no ring all-reduce
         # and aborts at MPI_Init on a key it does not know)
         names = {a: n for a, n in names.items() if n in known}

@@ -71,3 +71,18 @@ def test_mpich_json_uses_only_algorithms_the_library_names():
     assert ours["avg_msg_size<=557055"] == {"algorithm=MPIR_Allreduce_intra_recursive_doubling": {}}
     assert ours["avg_msg_size=any"] == default["collective=allreduce"]["comm_type=intra"]
     assert "MPIR_Allreduce_intra_ring" not in json.dumps(ours)
+
+
+def test_mpich_json_allgather_off_powers_of_two_is_bruck():
+    """ringmpi's recursive-doubling all-gather is Bruck's where p is not a power of two;
+    MPICH's recursive doubling asserts one (an exported file made 3 ranks abort)."""
+    prof = Profile(alpha=2e-6, beta=1e-10, world_size=3, name="t",
+                   measured={"allgather": {"mpi": [[8, 2e-6], [1 << 16, 20e-6]],
+                                           "recursive_doubling": [[8, 1e-6], [1 << 16, 30e-6]]}})
+    names = {"algorithm=MPIR_Allgather_intra_recursive_doubling": {}, "algorithm=MPIR_Allgather_intra_brucks": {}}
+    default = {"collective=allgather": {"comm_type=intra": {"total_msg_size=any": {"algorithm=X": {}}},
+                                        "comm_type=inter": {f"total_msg_size<={i}": {k: v} for i, (k, v) in
+                                                            enumerate(names.items())}}}
+    for p, want in ((3, "MPIR_Allgather_intra_brucks"), (4, "MPIR_Allgather_intra_recursive_doubling")):
+        ours = export.mpich_json(prof, p, default)["collective=allgather"]["comm_type=intra"][f"comm_size<={p}"]
+        assert next(iter(ours.values())) == {f"algorithm={want}": {}}, (p, ours)
