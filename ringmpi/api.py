@@ -81,8 +81,13 @@ class Edge:
         self.call = call
         self.t = t
 
-    def fail(self, msg: str, kind: type[Exception] = RingmpiUsageError):
-        raise kind(f"ringmpi.{self.call} (rank {self.t.rank} of {self.t.size}): {msg}")
+    def fail(self, msg: str, kind: type[Exception] = RingmpiUsageError, *, stand_in: bool = False):
+        """Raise `msg` for this call and rank. `stand_in`: a problem with a buffer this rank
+        alone could have got wrong (its layout, its writability, its result buffer), which
+        fresh buffers of the same data would not have (see `execute`)."""
+        err = kind(f"ringmpi.{self.call} (rank {self.t.rank} of {self.t.size}): {msg}")
+        err.stand_in = stand_in   # type: ignore[attr-defined]
+        raise err
 
     def array(self, name: str, buf: Any, *, writable: bool = False) -> np.ndarray:
         """`buf` as a flat array (a view: ndarray subclasses such as np.matrix are viewed
@@ -95,10 +100,10 @@ class Edge:
                       f"got {type(buf).__module__}.{type(buf).__name__}")
         if not buf.flags.c_contiguous:
             self.fail(f"{name} must be C-contiguous (got strides {buf.strides} for shape "
-                      f"{buf.shape}); pass np.ascontiguousarray({name})")
+                      f"{buf.shape}); pass np.ascontiguousarray({name})", stand_in=True)
         canonical = self._canonical(name, buf.dtype)
         if writable and not buf.flags.writeable:
-            self.fail(f"{name} is read-only; the result needs a writable buffer")
+            self.fail(f"{name} is read-only; the result needs a writable buffer", stand_in=True)
         return flat_view(buf, canonical)
 
     def _canonical(self, name: str, dt: np.dtype) -> np.dtype:
@@ -152,18 +157,19 @@ class Edge:
         flat = self.array("recvbuf", recvbuf, writable=True)
         if device != (not isinstance(flat, np.ndarray)):
             where = ("device", "host") if device else ("host", "device")
-            self.fail(f"recvbuf is in {where[1]} memory, expected {where[0]} memory (the sendbuf's)")
+            self.fail(f"recvbuf is in {where[1]} memory, expected {where[0]} memory (the sendbuf's)", stand_in=True)
         if flat.dtype != send.dtype:
-            self.fail(f"recvbuf has dtype {flat.dtype}, expected {send.dtype} (the sendbuf's)")
+            self.fail(f"recvbuf has dtype {flat.dtype}, expected {send.dtype} (the sendbuf's)", stand_in=True)
         if flat.size != count:
-            self.fail(f"recvbuf has {flat.size} elements, expected {count}")
+            self.fail(f"recvbuf has {flat.size} elements, expected {count}", stand_in=True)
         if device:
             (a0, a1), (b0, b1) = cai_span(send), cai_span(flat)
             overlap = send.size and flat.size and a0 < b1 and b0 < a1
         else:
             overlap = send.size and flat.size and np.may_share_memory(send, flat) and np.shares_memory(send, flat)
         if overlap:
-            self.fail("recvbuf overlaps sendbuf; pass the same array for in place, or separate buffers")
+            self.fail("recvbuf overlaps sendbuf; pass the same array for in place, or separate buffers",
+                      stand_in=True)
         return flat
 
     def counts(self, counts: Any, total: int | None = None) -> tuple[int, ...]:
@@ -181,10 +187,13 @@ class Edge:
         return c
 
 
-def execute(spec: Any, comm: Any, algorithm: Any, args: dict, key: tuple | None = None) -> Any:
+def execute(spec: Any, comm: Any, algorithm: Any, args: dict, key: tuple | None = None,
+            planned: str | None = None) -> Any:
     """Run one public collective call: `spec.prepare` validates `args` and returns the
     `Call` and what the public function returns. With `key` (the call's shape, computed by
-    the public function), a plan is kept so that the next identical call skips all this."""
+    the public function), a plan is kept so that the next identical call skips all this.
+    `planned`: the algorithm of the plan that sent the call here (`_slow`), the one the
+    other ranks run (see `_stand_in`)."""
     try:
         t = group(comm)
     except TypeError as e:
@@ -201,6 +210,8 @@ def execute(spec: Any, comm: Any, algorithm: Any, args: dict, key: tuple | None 
         if not isinstance(algorithm, str):
             e.fail(f"algorithm must be a name, got {algorithm!r}")
     except RingmpiUsageError as err:
+        if _stands_in(t, err):
+            _stand_in(spec, comm, planned or algorithm, args, err)
         if not st.check or t.size == 1:
             raise
         call, result, problem = None, None, err
@@ -215,6 +226,8 @@ def execute(spec: Any, comm: Any, algorithm: Any, args: dict, key: tuple | None 
             _run_body(t, dev, alg, call)
         else:  # online tuning: run (and time) the candidate as its plan will serve it
             plan = _algorithm_plan(t, spec, args, alg, call, choice, _slow(spec, comm, algorithm, args), dev=dev)
+            t.seq -= 1   # the plan opens the call's bracket again: one sequence number (tag) a call, as
+            # on the plan path, which other ranks may be on (a rank that stands in for bad buffers)
             t0 = time.perf_counter()
             result = plan(args[spec.send_arg], args.get(spec.recv_arg))
             if choice["timed"] and tuner.done(t, alg.name, time.perf_counter() - t0):
@@ -229,6 +242,41 @@ def execute(spec: Any, comm: Any, algorithm: Any, args: dict, key: tuple | None 
             forget_plans()
         PLANS[key] = _plan(t, spec, comm, algorithm, args, alg, call, choice, dev)
     return result
+
+
+def _stand_in(spec: Any, comm: Any, algorithm: Any, args: dict, err: Exception) -> None:
+    """Without RINGMPI_CHECK, the other ranks cannot know that this rank's buffers failed
+    their checks: they are in the collective already, and would wait for this rank, or take
+    its next call's data for this one's. So a rank whose only problem is a buffer it alone
+    got wrong (layout, writability, its result buffer: `Edge.fail(stand_in=True)`) takes
+    part with fresh buffers (`_fresh`), running what the other ranks run, then raises its
+    error (which RINGMPI_CHECK=1 raises on every rank instead). The others get the right
+    result, and no message is left for the next call."""
+    fresh = _fresh(spec, args)
+    if fresh is None:
+        return
+    try:
+        execute(spec, comm, algorithm, fresh)
+    except RingmpiUsageError:
+        return    # not a problem of these buffers alone: this rank's error goes up as it is
+    err.stood_in = True   # type: ignore[attr-defined]
+
+
+def _fresh(spec: Any, args: dict) -> dict | None:
+    """`args` with fresh buffers: a C-contiguous, writable copy of the send buffer (in place:
+    the buffer, written into, then dropped) and a new result; None for device arrays."""
+    send = args[spec.send_arg]
+    if not isinstance(send, np.ndarray):
+        return None
+    copy = np.array(send, order="C", copy=True)
+    fresh = {**args, spec.send_arg: copy}
+    if spec.recv_arg:
+        fresh[spec.recv_arg] = copy if args.get(spec.recv_arg) is send else None
+    return fresh
+
+
+def _stands_in(t: Any, err: Exception) -> bool:
+    return t.size > 1 and getattr(err, "stand_in", False) and not settings().check
 
 
 def _run_body(t: Any, dev: Any, alg: Any, call: Call) -> None:
@@ -354,7 +402,12 @@ def _exploring_plan(t: Any, spec: Any, args: dict, call: Call, tuner: Any, slow:
             plan = plans[name] = _algorithm_plan(t, spec, spec.with_buffers(args, sendbuf, recvbuf), alg,
                                                  _with_tunables(t, alg, call), choice, slow, dev=dev)
         t0 = time.perf_counter()
-        out = plan(sendbuf, recvbuf)
+        try:
+            out = plan(sendbuf, recvbuf)
+        except RingmpiUsageError as err:
+            if getattr(err, "stood_in", False) and tuner.done(t, name, time.perf_counter() - t0):
+                forget_plans()    # (the step ran on every rank: every rank's tuner counts it)
+            raise
         if tuner.done(t, name, time.perf_counter() - t0):
             forget_plans()
         return out
@@ -364,7 +417,7 @@ def _exploring_plan(t: Any, spec: Any, args: dict, call: Call, tuner: Any, slow:
 def _slow(spec: Any, comm: Any, algorithm: str, args: dict) -> Callable:
     """For a plan: anything unexpected goes to the full path, which explains it."""
     def slow(sendbuf: Any, recvbuf: Any) -> Any:
-        return execute(spec, comm, algorithm, spec.with_buffers(args, sendbuf, recvbuf))
+        return execute(spec, comm, algorithm, spec.with_buffers(args, sendbuf, recvbuf), planned="mpi")
     return slow
 
 
@@ -398,7 +451,19 @@ def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice:
             c = again(last[2], last[3], last[4], sendbuf, recvbuf)
             result = recvbuf
         if c is None:
-            c, result = spec.prepare(Edge(spec.name, t), **spec.with_buffers(bare, sendbuf, recvbuf))
+            try:
+                c, result = spec.prepare(Edge(spec.name, t), **spec.with_buffers(bare, sendbuf, recvbuf))
+            except RingmpiUsageError as err:   # (see _stand_in: this rank takes part all the same)
+                fresh = _fresh(spec, spec.with_buffers(bare, sendbuf, recvbuf)) if _stands_in(t, err) else None
+                if fresh is not None:
+                    stand_in, _ = spec.prepare(Edge(spec.name, t), **fresh)
+                    t.begin(label)
+                    try:
+                        _run_body(t, dev, alg, stand_in._replace(params=params) if params else stand_in)
+                    finally:
+                        t.end()
+                    err.stood_in = True   # type: ignore[attr-defined]
+                raise
             if again is not None and recvbuf is not None and isinstance(c.send, np.ndarray):
                 last[:] = (weakref.ref(sendbuf), weakref.ref(recvbuf), c._replace(send=None, recv=None),
                            sendbuf.dtype, c.send.dtype)
@@ -426,7 +491,12 @@ def monitored(t: Any, tuner: Any, plan: Callable, sendbuf: Any, recvbuf: Any) ->
     switch empties the plan cache) comes at the same call on every rank."""
     tuner.left = tuner.sample + 1  # the plan's own count takes one
     t0 = time.perf_counter()
-    out = plan(sendbuf, recvbuf)
+    try:
+        out = plan(sendbuf, recvbuf)
+    except RingmpiUsageError as err:
+        if getattr(err, "stood_in", False) and tuner.done(t, tuner.winner, time.perf_counter() - t0):
+            forget_plans()        # (the call ran on every rank: every rank's tuner counts it)
+        raise
     if tuner.done(t, tuner.winner, time.perf_counter() - t0):
         forget_plans()
     return out

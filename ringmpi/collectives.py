@@ -217,6 +217,9 @@ class _ReduceScatter(Collective):
         # MPI's in-place form leaves the result at the front of the buffer, ours at block r;
         # an empty block still carries the buffer's address, which MPICH rejects as aliased.
         alias = call.inplace or (call.recv.size == 0 and call.send.size > 0)
+        if not alias and call.count and len(set(call.counts)) == 1:   # what the plan calls (`direct`)
+            t.library("Reduce_scatter_block", call.send, call.recv, call.op)
+            return
         out = t.empty(call.recv.size, call.dtype) if alias else call.recv
         t.library("Reduce_scatter", call.send, out, list(call.counts), call.op)
         if out is not call.recv:
@@ -274,6 +277,9 @@ class _Allgather(Collective):
         return dict(sendbuf=call.recv if call.inplace else call.send, recvbuf=call.recv, counts=None)
 
     def mpi(self, t, call):
+        if len(set(call.counts)) == 1:   # what the plan calls (`direct`): a rank on the full path meets the others
+            t.library("Allgather", IN_PLACE if call.inplace else call.send, call.recv)
+            return
         displs = offsets(call.counts)[:-1]
         t.library("Allgatherv", IN_PLACE if call.inplace else call.send, [call.recv, (list(call.counts), displs)])
 

@@ -5,8 +5,10 @@ __all__ = ["RingmpiUsageError", "RingmpiError"]
 
 
 class RingmpiUsageError(ValueError):
-    """Bad arguments or settings, found before any message is sent. The message names the
-    call and the rank: ``ringmpi.allreduce (rank 2 of 4): recvbuf has 10 elements, expected 12``."""
+    """Bad arguments or settings, found before any message is sent (or, for a buffer one rank
+    alone may have got wrong, after that rank took part with fresh buffers, so that the other
+    ranks are not left waiting: `api._stand_in`). The message names the call and the rank:
+    ``ringmpi.allreduce (rank 2 of 4): recvbuf has 10 elements, expected 12``."""
 
 
 class RingmpiError(RuntimeError):
