@@ -196,23 +196,19 @@ def test_the_same_arrays_with_a_dtype_or_shape_set_in_place(collective, alg, rng
     root = 1 % P
     out = np.empty(n * P if collective == "allgather" else n // P if collective == "reduce_scatter" else n, np.float32)
     buf = x.copy()
-    for _ in range(70):   # (past auto's exploration, and a pause of the memo after other tests' arrays died)
+
+    def same_arrays():
         if collective == "broadcast":
             buf[:] = x
-            got = call(collective, buf, None, alg, root)
-        else:
-            got = call(collective, x, out, alg, root)
-        want = reference(collective, x, root)
+            return call(collective, buf, None, alg, root)
+        return call(collective, x, out, alg, root)
+    for _ in range(70):   # (past auto's exploration, and a pause of the memo after other tests' arrays died)
+        got, want = same_arrays(), reference(collective, x, root)
         assert (got is None and want is None) or np.array_equal(got, want)
     assert LAST[collective][5] is not None          # the memo holds these arrays' plan
     for a in (x, out, buf):
         a.dtype = np.int32                          # the same objects, the same bytes
-    if collective == "broadcast":
-        buf[:] = x
-        got = call(collective, buf, None, alg, root)
-    else:
-        got = call(collective, x, out, alg, root)
-    want = reference(collective, x, root)
+    got, want = same_arrays(), reference(collective, x, root)
     assert (got is None and want is None) or (got.dtype == np.int32 and np.array_equal(got, want))
     if collective in ("allreduce", "alltoall"):      # a new result is shaped like the send buffer
         for _ in range(70):
