@@ -415,7 +415,9 @@ def _exploring_plan(t: Any, spec: Any, args: dict, call: Call, tuner: Any, slow:
 
 
 def _slow(spec: Any, comm: Any, algorithm: str, args: dict) -> Callable:
-    """For a plan: anything unexpected goes to the full path, which explains it."""
+    """For a plan: anything unexpected goes to the full path, which explains it. Only the
+    direct plans (MPI's own, `Collective.direct`) fall back to it: a rank that stands in
+    for bad buffers there runs MPI's own, as the others do."""
     def slow(sendbuf: Any, recvbuf: Any) -> Any:
         return execute(spec, comm, algorithm, spec.with_buffers(args, sendbuf, recvbuf), planned="mpi")
     return slow
@@ -446,7 +448,7 @@ def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice:
             tuner.left -= 1
             if not tuner.left:
                 return monitored(t, tuner, run, sendbuf, recvbuf)
-        c = None
+        c, failed = None, None
         if last[2] is not None and recvbuf is not None and last[0]() is sendbuf and last[1]() is recvbuf:
             c = again(last[2], last[3], last[4], sendbuf, recvbuf)
             result = recvbuf
@@ -455,16 +457,10 @@ def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice:
                 c, result = spec.prepare(Edge(spec.name, t), **spec.with_buffers(bare, sendbuf, recvbuf))
             except RingmpiUsageError as err:   # (see _stand_in: this rank takes part all the same)
                 fresh = _fresh(spec, spec.with_buffers(bare, sendbuf, recvbuf)) if _stands_in(t, err) else None
-                if fresh is not None:
-                    stand_in, _ = spec.prepare(Edge(spec.name, t), **fresh)
-                    t.begin(label)
-                    try:
-                        _run_body(t, dev, alg, stand_in._replace(params=params) if params else stand_in)
-                    finally:
-                        t.end()
-                    err.stood_in = True   # type: ignore[attr-defined]
-                raise
-            if again is not None and recvbuf is not None and isinstance(c.send, np.ndarray):
+                if fresh is None:
+                    raise
+                (c, _), failed = spec.prepare(Edge(spec.name, t), **fresh), err
+            if failed is None and again is not None and recvbuf is not None and isinstance(c.send, np.ndarray):
                 last[:] = (weakref.ref(sendbuf), weakref.ref(recvbuf), c._replace(send=None, recv=None),
                            sendbuf.dtype, c.send.dtype)
         t.begin(label)
@@ -472,6 +468,9 @@ def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice:
             _run_body(t, dev, alg, c._replace(params=params) if params else c)   # (_replace: ~500 ns)
         finally:
             t.end()
+        if failed is not None:
+            failed.stood_in = True   # type: ignore[attr-defined]
+            raise failed
         t.last_choice = choice
         return result
     return run
@@ -507,17 +506,16 @@ def send_recv_plan(t: Any, function: str, op: str | None, shape: tuple | None, d
     """The library's `function(send, recv[, op])` on the user's arrays: a new result array
     of `shape` (None: the send buffer's shape at that call, which `x.shape = ...` can change
     under the same array object) and `dtype` when recvbuf is None, IN_PLACE when recvbuf is
-    sendbuf. This is
-    the fast path's hot loop: no validation beyond what the plan's key guarantees, and
-    anything the key does not cover (overlapping buffers, a read-only result, a buffer
-    mpi4py cannot take: its BufferError or ValueError, raised before any message moves)
-    goes to the full path, which explains or serves it. Buffers go to MPI with the
-    datatype of the canonical dtype (`direct`), so 'l' and 'q' arrays mix.
+    sendbuf. This is the fast path's hot loop: no validation beyond what the plan's key
+    guarantees, and anything the key does not cover (overlapping buffers, a read-only
+    result, a buffer mpi4py cannot take: its BufferError or ValueError, raised before any
+    message moves) goes to the full path, which explains or serves it. Buffers go to MPI
+    with the datatype of the canonical dtype (`direct`), so 'l' and 'q' arrays mix.
     `run.same_buffers` skips the overlap test: for a caller that passes the very arrays
-    (by identity) that passed it before (an array's memory never moves). `copy_in_place` (a small all-reduce whose result is shaped like its input): a
-    new result is a copy of the send buffer reduced in place, which costs mpi4py one
-    buffer less (~100 ns, against ~15 ns more for copying a few hundred bytes than for
-    allocating them)."""
+    (by identity) that passed it before (an array's memory never moves). `copy_in_place`
+    (a small all-reduce whose result is shaped like its input): a new result is a copy of
+    the send buffer reduced in place, which costs mpi4py one buffer less (~100 ns, against
+    ~15 ns more for copying a few hundred bytes than for allocating them)."""
     fn, mpi_op, in_place, mpi_type = t.direct(function, op, dtype)
     empty, may_share = np.empty, np.may_share_memory
     if shape is not None and len(shape) == 1:
