@@ -110,7 +110,7 @@ def get(collective: str, name: str) -> Algorithm:
     _load()
     alg = _REGISTRY.get((collective, name))
     if alg is None:
-        raise ValueError(f"unknown algorithm {name!r} for {collective}; expected one of "
+        raise ValueError(f"unknown algorithm {str(name)!r} for {collective}; expected one of "
                          f"{', '.join(names(collective))} or 'auto'")
     return alg
 

@@ -467,8 +467,10 @@ def _time_auto(t, o: Options, plan, sizes, dtype, op, root, rows) -> list[dict]:
     out = []
     device = _device_of(o)
     for spec, _ in plan:
-        place = "out" if spec.has_out_of_place else "in"
-        for nbytes in sizes:
+        # in place too where auto tunes it apart (`auto.placement`): not for a rooted collective
+        places = ["out", "in"] if spec.has_out_of_place and not spec.rooted else \
+            ["out" if spec.has_out_of_place else "in"]
+        for nbytes, place in ((n, w) for n in sizes for w in places):
             case = Case(spec, nbytes, dtype, op, root, t, bool(o.register), device)
             if not case.count:
                 continue
@@ -481,7 +483,7 @@ def _time_auto(t, o: Options, plan, sizes, dtype, op, root, rows) -> list[dict]:
             chosen = t.last_choice["algorithm"]
             iters, warm = default_iters(case.size)
             tm = {k: v[0] for k, v in time_interleaved(t, runners, o.iters or iters, warm, o.rounds).items()}
-            row = dict(collective=spec.name, size=case.size, chose=chosen, best=best,
+            row = dict(collective=spec.name, size=case.size, placement=place, chose=chosen, best=best,
                        auto_us=tm["auto"] * 1e6, best_us=tm["best"] * 1e6, mpi_us=tm["mpi"] * 1e6,
                        auto_over_best=tm["auto"] / tm["best"], auto_over_mpi=tm["auto"] / tm["mpi"])
             if tuner is not None and tuner.exploration_cost is not None:
@@ -681,7 +683,8 @@ def print_table(rows, auto_rows, p) -> None:
                 print(f"  {size:>10} {head['count']:>10} {alg:<20} {_cells(o)} | {_cells(i)} "
                       f"{_fmt(head['predicted_us'], '{:9.1f}'):>9}")
         for a in (a for a in auto_rows if a["collective"] == coll and coll not in done):
-            print(f"# auto at {size_label(a['size'])}B: {a['chose']}, {a['auto_over_best']:.2f}x the fastest "
+            where = " in place" if a["placement"] == "in" and _collectives.SPECS[coll].has_out_of_place else ""
+            print(f"# auto at {size_label(a['size'])}B{where}: {a['chose']}, {a['auto_over_best']:.2f}x the fastest "
                   f"({a['best']}), {a['auto_over_mpi']:.2f}x MPI's own")
         done.add(coll)
 

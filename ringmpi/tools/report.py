@@ -150,7 +150,8 @@ def _md_collective(rows: list[dict], auto_rows: list[dict], coll: str) -> list[s
         cells = ["-" if a not in here else f"{here[a]['time_us']:.1f}" + (
             f" ({here[a]['ratio_mpi']:.2f})" if here[a].get("ratio_mpi") and a != "mpi" else "") for a in algs]
         best = min(here.values(), key=lambda r: r["time_us"])["algorithm"]
-        au = next((a for a in auto_rows if a["collective"] == coll and a["size"] == size), None)
+        au = next((a for a in auto_rows if a["collective"] == coll and a["size"] == size
+                   and a.get("placement", place) == place), None)
         tail = f"{au['chose']} | {au['auto_over_best']:.2f} | {au['auto_over_mpi']:.2f} |" if au else "- | - | - |"
         md.append(f"| {size_label(size)} | " + " | ".join(cells) + f" | {best} | " + tail)
     wrong = sum(r["wrong"] for r in rows if r["collective"] == coll)
