@@ -7,9 +7,10 @@ the candidates in two stages (`Tuner`), each candidate's calls back to back: eac
 untimed and once timed, then the ones within 2x of the fastest (and MPI's own) three more
 times; the candidates are MPI's own and every algorithm whose formula predicts at most 3x
 the best formula's time. Timings are combined across ranks with MAX, so every rank picks
-the same winner; MPI's own wins unless another is >= 10% faster. The winner is then monitored (one call in 4 to 256 timed, so that timing costs
-about 1% of the bucket's time; every 16 samples the median, again MAX over ranks) and
-replaced by the runner-up only when it is >= 10% slower than the runner-up's tuned time.
+the same winner; MPI's own wins unless another is >= 10% faster. The winner is then
+monitored (one call in 4 to 256 timed, so that timing costs about 1% of the bucket's time;
+every 16 samples the median, again MAX over ranks) and replaced by the runner-up only when
+it is >= 10% slower than the runner-up's tuned time.
 A calibrated profile that measured every candidate at that size, or a profile holding what
 an earlier run learned (`save_learned`), seeds the choice without exploration.
 RINGMPI_TUNE=0 keeps the prediction below alone.
