@@ -4,13 +4,13 @@ and pruned by the cost model, like NCCL's tuner.
 Online tuning (RINGMPI_TUNE=1, the default), per (communicator, collective, dtype, op, size
 bucket = bit length of the byte count, in place or not): the first calls of the bucket run
 the candidates in two stages (`Tuner`), each candidate's calls back to back: each once
-untimed and once timed, then the ones within 2x of the fastest (and MPI's own) three more
-times; the candidates are MPI's own and every algorithm whose formula predicts at most 3x
-the best formula's time. Timings are combined across ranks with MAX, so every rank picks
-the same winner; MPI's own wins unless another is >= 10% faster. The winner is then
-monitored (one call in 4 to 256 timed, so that timing costs about 1% of the bucket's time;
-every 16 samples the median, again MAX over ranks) and replaced by the runner-up only when
-it is >= 10% slower than the runner-up's tuned time.
+untimed and once timed, then the ones within 2x of the fastest (and MPI's own) once
+untimed and three times timed, scored by the mean of those three; the candidates are MPI's
+own and every algorithm whose formula predicts at most 3x the best formula's time. Timings
+are combined across ranks with MAX, so every rank picks the same winner. The winner is
+then monitored (one call in 4 to 256 timed, so that timing costs about 1% of the bucket's
+time; every 16 samples the median, again MAX over ranks) and replaced by the runner-up only
+when it is >= 10% slower than the runner-up's tuned time.
 A calibrated profile that measured every candidate at that size, or a profile holding what
 an earlier run learned (`save_learned`), seeds the choice without exploration.
 RINGMPI_TUNE=0 keeps the prediction below alone.
@@ -227,19 +227,23 @@ class Tuner:
     what ran before it: a different algorithm leaves the MPI library's queues and the
     caches in another state, so round-robin timings misjudge the steady state by up to 2x).
     Stage 0: every candidate once untimed (first-touch costs) and once timed; combined
-    across ranks (MAX), a candidate stays if within PRUNE0 of the fastest. Stage 1: those,
-    STAGE1 more timed calls each. MPI's own always stays (one unlucky call must not rule out
-    the library). A candidate's score is the mean of its KEEP fastest timed calls, MAX over
-    ranks; the lowest wins, unless MPI's own is within MARGIN of it (then MPI's own, as
-    for predictions). A candidate far slower than the best thus costs two calls, a
-    close one 2 + STAGE1. Every rank makes the same calls in the same order, so every rank's
+    across ranks (MAX), a candidate stays if within PRUNE0 of the fastest. Stage 1: those
+    again, once untimed (the first call after another algorithm's pays for the switch: 3-8x
+    a steady call at 256 KiB) and STAGE1 times timed, MPI's own always among them (one
+    unlucky call must not rule out the library). A candidate's score is the mean of its
+    stage-1 calls, MAX over ranks; the lowest wins. The mean of calls back to back is what a
+    loop of them takes; the fastest calls of a rank are not (the calls it came late to,
+    when the others had done their part: MPI's own 256 KiB all-reduce in place scored 15 us
+    so, against 25-55 us a call in a loop, and won where ring_shm takes 0.8x its time). A
+    candidate far slower than the best thus costs two calls, a close one 3 + STAGE1.
+    Every rank makes the same calls in the same order, so every rank's
     tuner walks the same schedule and exchanges at the same call: the decisions agree by
     construction."""
     key: tuple
     candidates: list
     verbose: bool = False
     seed: dict | None = None
-    PRUNE0, STAGE1, KEEP, CHECK, HYSTERESIS = 2.0, 3, 2, 16, 1.10
+    PRUNE0, STAGE1, CHECK, HYSTERESIS = 2.0, 3, 16, 1.10
     # monitoring: a timed call costs about SAMPLE_COST more (two clock reads, the tuner's
     # bookkeeping, 1/CHECK of a MAX exchange); one call in `sample` is timed, so that this
     # stays near SHARE of the bucket's time: every 50th of 1 us calls, every 4th of 1 ms ones
@@ -311,28 +315,21 @@ class Tuner:
         if self.explored_calls < len(self.schedule):
             return False
         live = [c for c in self.candidates if self.times.get(c)]
-        every = t.allreduce_max([sum(sorted(self.times[c])[:self.KEEP]) / min(len(self.times[c]), self.KEEP)
-                                 for c in live])
+        every = t.allreduce_max([statistics.fmean(self.times[c]) for c in live])
         self.tuned.update(zip(live, every))
         if self.stage == 0:
             best = min(every)
             keep = [c for c in live if self.tuned[c] <= self.PRUNE0 * best or c == "mpi"]
-            if len(keep) > 1:  # stage 1: the close ones, more timed calls, back to back
+            if len(keep) > 1:  # stage 1: the close ones again, a settling call then timed ones
                 self.stage = 1
-                self.times = {c: self.times[c] for c in keep}
-                self.schedule += [(c, True) for c in keep for _ in range(self.STAGE1)]
+                self.times = {c: [] for c in keep}
+                self.schedule += [(c, r > 0) for c in keep for r in range(1 + self.STAGE1)]
                 return False
         self._decide(t)
         return True
 
     def _decide(self, t: Any) -> None:
         self.winner = min(self.tuned, key=self.tuned.get)
-        mpi = self.tuned.get("mpi")
-        if mpi is not None and self.tuned[self.winner] > MARGIN * mpi:
-            # MPI's own unless another is >= 10% faster, as for predictions: a few calls of
-            # megabytes here swing by tens of percent (2 ranks, 16 MiB in place: candidates
-            # within 7% of MPI's time, the one chosen then ran at 1.15x it)
-            self.winner = "mpi"
         self.explored_s = t.allreduce_max([self.explored_s])[0]
         self.schedule = []
         self._settled()

@@ -10,10 +10,11 @@ One harness owns warm-up, timing, the correctness check and the report; each col
 a plug-in (its spec in `ringmpi.collectives`: count and size, exact inputs' expected result,
 bus-bandwidth factor, the call itself). Timing: the algorithms of one size run in
 interleaved rounds (in a new shuffled order every round) and each keeps its median round,
-so drift and noise hit every algorithm alike; the MPI library's own collective is always
-among them, and every row carries its ratio to it. After the sweep the alpha-beta-gamma
-profile is fitted (saved for `auto`), and `auto` is timed beside the best algorithm and
-MPI's own at every size.
+so drift and noise hit every algorithm alike; a round's first call of each algorithm is not
+timed (it pays for the switch from another algorithm, which a loop of one collective never
+does). The MPI library's own collective is always among them, and every row carries its
+ratio to it. After the sweep the alpha-beta-gamma profile is fitted (saved for `auto`),
+and `auto` is timed beside the best algorithm and MPI's own at every size, in place too.
 
 Sizes use nccl-tests' K/M/G = 2^10/2^20/2^30. `size` is the bytes of the full vector:
 count x itemsize for all-reduce, broadcast, reduce, all-to-all (one rank's send buffer);
@@ -205,6 +206,7 @@ def time_interleaved(t, runners: dict[str, Callable[[], object]], iters: int, wa
         order = keys[:]
         random.Random(rnd).shuffle(order)
         for k in order:
+            runners[k]()   # untimed: the first call after another runner's pays for the switch
             t.barrier()
             t0 = t.wtime()
             for _ in range(per):
