@@ -293,10 +293,8 @@ def _fingerprint(algorithm: str, call: Call) -> tuple:
     spec = call.collective
     if algorithm == "auto" and settings().forced(spec.name):
         algorithm = f"auto(RINGMPI_ALGO={settings().forced(spec.name)})"
-    # in place or not: MPI requires every rank or none (auto tunes the two apart)
-    place = "-" if spec.rooted else "in place" if call.inplace else "out of place"
     return (spec.name, algorithm, call.count, str(call.dtype),
-            call.op if spec.reduces else "-", call.root if spec.rooted else "-", call.counts, call.params, place)
+            call.op if spec.reduces else "-", call.root if spec.rooted else "-", call.counts, call.params)
 
 
 def _agree(e: Edge, algorithm: str, call: Call | None, problem: Exception | None) -> None:

@@ -2,15 +2,14 @@
 and pruned by the cost model, like NCCL's tuner.
 
 Online tuning (RINGMPI_TUNE=1, the default), per (communicator, collective, dtype, op, size
-bucket = bit length of the byte count, in place or not): the first calls of the bucket run
-the candidates in two stages (`Tuner`), each candidate's calls back to back: each once
-untimed and once timed, then the ones within 2x of the fastest (and MPI's own) once
-untimed and three times timed, scored by the mean of those three; the candidates are MPI's
-own and every algorithm whose formula predicts at most 3x the best formula's time. Timings
-are combined across ranks with MAX, so every rank picks the same winner. The winner is
-then monitored (one call in 4 to 256 timed, so that timing costs about 1% of the bucket's
-time; every 16 samples the median, again MAX over ranks) and replaced by the runner-up only
-when it is >= 10% slower than the runner-up's tuned time.
+bucket = bit length of the byte count): the first calls of the bucket run the candidates
+in two stages (`Tuner`), each candidate's calls back to back: each once untimed and once
+timed, then the ones within 2x of the fastest (and MPI's own) once untimed and three times
+timed, scored by the mean of those three; the candidates are MPI's own and every algorithm
+whose formula predicts at most 3x the best formula's time. Timings are combined across
+ranks with MAX, so every rank picks the same winner. The winner is (one call in 4 to 256 timed, so that timing costs about 1% of the bucket's time; every 16
+samples the median, again MAX over ranks) and replaced by the runner-up only when it is >=
+10% slower than the runner-up's tuned time.
 A calibrated profile that measured every candidate at that size, or a profile holding what
 an earlier run learned (`save_learned`), seeds the choice without exploration.
 RINGMPI_TUNE=0 keeps the prediction below alone.
@@ -152,10 +151,13 @@ def choose(t: Any, call: Call) -> dict:
     st = settings()
     collective = call.collective.name
     nbytes = call.count * call.itemsize
-    # device buffers (t a `device.DeviceGroup`) are tuned and learned apart: "cupy:float32";
-    # so are in-place calls (`placement`)
+    # device buffers (t a `device.DeviceGroup`) are tuned and learned apart: "cupy:float32".
+    # In place and out of place share the bucket: the ranks of one call can differ there
+    # (a rank standing in for a result buffer that aliases its input, `api._fresh`), and
+    # every rank must walk the same tuner (MPI's own 16 MiB out of place costs a copy more
+    # than in place; the bench times auto both ways)
     where = getattr(t, "memory", "")
-    key = (collective, where + str(call.dtype), call.op, nbytes.bit_length(), call.params, placement(call))
+    key = (collective, where + str(call.dtype), call.op, nbytes.bit_length(), call.params)
     forced = st.forced(collective)
     tuner = t.tuners.get(key) if st.tune and forced is None else None
     if tuner is not None:
@@ -170,7 +172,7 @@ def choose(t: Any, call: Call) -> dict:
         else:
             prof = profile_of(t)
             names = _candidates(t, call, prof, native_ok)
-            learned = prof.learned.get(_learned_key(key)) if prof.world_size == t.size else None
+            learned = prof.learned.get("/".join(map(str, key[:4]))) if prof.world_size == t.size else None
             if st.tune and learned is None and not _measured_everywhere(prof, collective, names, t.size, nbytes):
                 tuner = t.tuners.put(key, Tuner(key, names, t.rank == 0 and st.info))
                 return tuner.pick()
@@ -186,23 +188,6 @@ def choose(t: Any, call: Call) -> dict:
             table = " ".join(f"{a}={s * 1e6:.1f}us" for a, s in sorted(preds.items(), key=lambda kv: kv[1]))
             log(f"{collective} p={t.size} bytes={nbytes}: {choice['algorithm']} ({choice['why']}) {table}", "INFO")
     return choice
-
-
-def placement(call: Call) -> str:
-    """"in" for an in-place call, else "": a part of auto's key. In place and out of place
-    are different calls to time: MPI's own out of place copies the input into the result
-    first and then runs its in-place algorithm (2 ranks, 16 MiB: 2.4-3.3 ms against 1.6-2.0
-    ms in place), while ringmpi's rings cost about the same either way, so the fastest
-    can differ (ring_shm there: 0.45-0.65x MPI's time out of place, 0.71-1.30x in place).
-    MPI requires every rank or none to pass MPI_IN_PLACE, so every rank keys a call alike
-    (RINGMPI_CHECK compares it). A rooted collective's in place is its root's alone
-    (reduce) or always (broadcast): not a part of the key."""
-    return "in" if call.inplace and not call.collective.rooted else ""
-
-
-def _learned_key(key: tuple) -> str:
-    """A tuner's entry in `Profile.learned`: "collective/dtype/op/bucket", "/in" in place."""
-    return "/".join(map(str, key[:4])) + (f"/{key[5]}" if key[5] else "")
 
 
 PRUNE = 3.0
@@ -353,8 +338,7 @@ class Tuner:
     def _say(self, text: str) -> None:
         if self.verbose:
             c, dt, op, bucket = self.key[:4]
-            where = " in place" if self.key[5] else ""
-            log(f"auto {c} {dt} {op or ''} {1 << max(bucket - 1, 0)}-{(1 << bucket) - 1} B{where}: {text}", "INFO")
+            log(f"auto {c} {dt} {op or ''} {1 << max(bucket - 1, 0)}-{(1 << bucket) - 1} B: {text}", "INFO")
 
     @property
     def exploration_cost(self) -> float | None:
@@ -366,7 +350,7 @@ class Tuner:
 
 def learned(t: Any) -> dict:
     """What this communicator's online tuning settled on, in `Profile.learned` form."""
-    return {_learned_key(k): {"winner": tu.winner, "tuned": tu.tuned}
+    return {"/".join(map(str, k[:4])): {"winner": tu.winner, "tuned": tu.tuned}
             for k, tu in t.tuners.items() if tu.winner is not None and not k[4]}
 
 

@@ -151,7 +151,7 @@ def test_monitoring_costs_about_one_percent_of_the_bucket():
     """A settled bucket times one call in `sample`: rarely for microsecond calls (a timed
     call costs ~0.5 us of bookkeeping), often for long ones, within [4, 256]; the rate comes
     from the tuned times, which every rank shares, and follows a switch of the winner."""
-    key = ("allreduce", "float32", "SUM", 10, (), "")
+    key = ("allreduce", "float32", "SUM", 10, ())
     rate = {w: auto.Tuner(key, ["mpi", "ring"], seed={"winner": "mpi", "tuned": {"mpi": w, "ring": 2 * w}}).sample
             for w in (1e-7, 1e-6, 1e-5, 1e-3)}
     assert rate == {1e-7: 256, 1e-6: 50, 1e-5: 5, 1e-3: 4}
@@ -337,20 +337,3 @@ def test_close_candidates_are_scored_by_their_mean_in_a_loop():
             c = choose(t, "allreduce", 1000, full=True)
     assert tuner.winner == other and tuner.tuned[other] == pytest.approx(18e-6), tuner.tuned
     assert tuner.tuned["mpi"] == pytest.approx(62e-6 / 3)
-
-
-def test_in_place_calls_are_tuned_apart():
-    """MPI's own out of place copies, then runs its in-place algorithm: the fastest can
-    differ, so in-place calls have their own tuner (and learned entry); a rooted
-    collective's in place (reduce: the root's alone) is not a part of the key."""
-    settings.reload({})
-    t = fake_transport(Profile(alpha=5e-6, beta=1 / 5e9, gamma=1 / 10e9), size=2)
-    x = np.empty(0, np.float32)
-    out = auto.choose(t, Call(SPECS["allreduce"], x, None, 1000, "SUM"))["tuner"]
-    inp = auto.choose(t, Call(SPECS["allreduce"], x, None, 1000, "SUM", inplace=True))["tuner"]
-    assert out is not inp and inp.key[5] == "in" and out.key[5] == ""
-    red = [auto.choose(t, Call(SPECS["reduce"], x, None, 1000, "SUM", 0, inplace=ip))["tuner"] for ip in (False, True)]
-    assert red[0] is red[1]
-    for tu in (out, inp):
-        tu.winner, tu.tuned = "mpi", {"mpi": 1e-6}
-    assert set(auto.learned(t)) == {"allreduce/float32/SUM/12", "allreduce/float32/SUM/12/in"}
