@@ -264,15 +264,25 @@ def _stand_in(spec: Any, comm: Any, algorithm: Any, args: dict, err: Exception) 
 
 def _fresh(spec: Any, args: dict) -> dict | None:
     """`args` with fresh buffers: a C-contiguous, writable copy of the send buffer (in place:
-    the buffer, written into, then dropped) and a new result; None for device arrays."""
+    the buffer, written into, then dropped) and a new result; None for device arrays. A
+    result that holds the send buffer's very bytes in another array object (`x[:]`) stands
+    in in place, as the others most likely call: MPI's own may not meet an in-place call
+    with an out-of-place one (MPICH's all-to-all waits forever)."""
     send = args[spec.send_arg]
     if not isinstance(send, np.ndarray):
         return None
     copy = np.array(send, order="C", copy=True)
     fresh = {**args, spec.send_arg: copy}
     if spec.recv_arg:
-        fresh[spec.recv_arg] = copy if args.get(spec.recv_arg) is send else None
+        recv = args.get(spec.recv_arg)
+        fresh[spec.recv_arg] = copy if recv is send or _aliases(send, recv) else None
     return fresh
+
+
+def _aliases(a: np.ndarray, b: Any) -> bool:
+    """b holds a's bytes in the same order in another array object (x[:], x.reshape(...))."""
+    return isinstance(b, np.ndarray) and b.nbytes == a.nbytes and b.ctypes.data == a.ctypes.data and (
+        (a.flags.c_contiguous and b.flags.c_contiguous) or (a.shape == b.shape and a.strides == b.strides))
 
 
 def _stands_in(t: Any, err: Exception) -> bool:

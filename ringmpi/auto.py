@@ -7,7 +7,8 @@ in two stages (`Tuner`), each candidate's calls back to back: each once untimed 
 timed, then the ones within 2x of the fastest (and MPI's own) once untimed and three times
 timed, scored by the mean of those three; the candidates are MPI's own and every algorithm
 whose formula predicts at most 3x the best formula's time. Timings are combined across
-ranks with MAX, so every rank picks the same winner. The winner is (one call in 4 to 256 timed, so that timing costs about 1% of the bucket's time; every 16
+ranks with MAX, so every rank picks the same winner. The winner is then monitored (one
+call in 4 to 256 timed, so that timing costs about 1% of the bucket's time; every 16
 samples the median, again MAX over ranks) and replaced by the runner-up only when it is >=
 10% slower than the runner-up's tuned time.
 A calibrated profile that measured every candidate at that size, or a profile holding what
@@ -220,10 +221,9 @@ class Tuner:
     loop of them takes; the fastest calls of a rank are not (the calls it came late to,
     when the others had done their part: MPI's own 256 KiB all-reduce in place scored 15 us
     so, against 25-55 us a call in a loop, and won where ring_shm takes 0.8x its time). A
-    candidate far slower than the best thus costs two calls, a close one 3 + STAGE1.
-    Every rank makes the same calls in the same order, so every rank's
-    tuner walks the same schedule and exchanges at the same call: the decisions agree by
-    construction."""
+    candidate far slower than the best thus costs two calls, a close one 3 + STAGE1. Every
+    rank makes the same calls in the same order, so every rank's tuner walks the same
+    schedule and exchanges at the same call: the decisions agree by construction."""
     key: tuple
     candidates: list
     verbose: bool = False

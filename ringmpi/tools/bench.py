@@ -469,7 +469,8 @@ def _time_auto(t, o: Options, plan, sizes, dtype, op, root, rows) -> list[dict]:
     out = []
     device = _device_of(o)
     for spec, _ in plan:
-        # in place too where auto tunes it apart (`auto.placement`): not for a rooted collective
+        # in place too (MPI's own skips a copy there); a rooted collective's in place is the
+        # root's alone (reduce) or the only way (broadcast)
         places = ["out", "in"] if spec.has_out_of_place and not spec.rooted else \
             ["out" if spec.has_out_of_place else "in"]
         for nbytes, place in ((n, w) for n in sizes for w in places):
