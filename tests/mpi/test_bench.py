@@ -58,7 +58,7 @@ def test_bench_report(shared_dir, capsys):
             assert r["sent_bytes"] == expect * 4
             assert r["busbw"] == pytest.approx(r["algbw"] * 2 * (P - 1) / P)
             assert r["ratio_mpi"] > 0
-        # auto beside the fastest at every size, in place too where it is tuned apart
+        # auto beside the fastest at every size, in place too (not for the rooted collectives)
         places = {s.name: 2 if s.has_out_of_place and not s.rooted else 1 for s in SPECS.values()}
         assert len(data["auto"]) == 3 * sum(places.values())
         assert {(a["collective"], a["placement"]) for a in data["auto"]} >= {("allreduce", "in"), ("allreduce", "out")}
