@@ -411,16 +411,7 @@ def _exploring_plan(t: Any, spec: Any, args: dict, call: Call, tuner: Any, slow:
             alg = _alg.get(spec.name, name)
             plan = plans[name] = _algorithm_plan(t, spec, spec.with_buffers(args, sendbuf, recvbuf), alg,
                                                  _with_tunables(t, alg, call), choice, slow, dev=dev)
-        t0 = time.perf_counter()
-        try:
-            out = plan(sendbuf, recvbuf)
-        except RingmpiUsageError as err:
-            if getattr(err, "stood_in", False) and tuner.done(t, name, time.perf_counter() - t0):
-                forget_plans()    # (the step ran on every rank: every rank's tuner counts it)
-            raise
-        if tuner.done(t, name, time.perf_counter() - t0):
-            forget_plans()
-        return out
+        return _timed(t, tuner, name, plan, sendbuf, recvbuf)
     return run
 
 
@@ -463,10 +454,11 @@ def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice:
             c = again(last[2], last[3], last[4], sendbuf, recvbuf)
             result = recvbuf
         if c is None:
+            given = spec.with_buffers(bare, sendbuf, recvbuf)
             try:
-                c, result = spec.prepare(Edge(spec.name, t), **spec.with_buffers(bare, sendbuf, recvbuf))
+                c, result = spec.prepare(Edge(spec.name, t), **given)
             except RingmpiUsageError as err:   # (see _stand_in: this rank takes part all the same)
-                fresh = _fresh(spec, spec.with_buffers(bare, sendbuf, recvbuf)) if _stands_in(t, err) else None
+                fresh = _fresh(spec, given) if _stands_in(t, err) else None
                 if fresh is None:
                     raise
                 (c, _), failed = spec.prepare(Edge(spec.name, t), **fresh), err
@@ -499,14 +491,21 @@ def monitored(t: Any, tuner: Any, plan: Callable, sendbuf: Any, recvbuf: Any) ->
     """Every `tuner.sample`-th call of a tuned bucket: timed for the tuner, whose decision (a
     switch empties the plan cache) comes at the same call on every rank."""
     tuner.left = tuner.sample + 1  # the plan's own count takes one
+    return _timed(t, tuner, tuner.winner, plan, sendbuf, recvbuf)
+
+
+def _timed(t: Any, tuner: Any, name: str, plan: Callable, sendbuf: Any, recvbuf: Any) -> Any:
+    """plan(sendbuf, recvbuf), its time told to `tuner` as a call of `name` (a decision that
+    changes the choice empties the plan cache); also when this rank stood in for bad
+    buffers and raises: the call ran on every rank, so every rank's tuner counts it."""
     t0 = time.perf_counter()
     try:
         out = plan(sendbuf, recvbuf)
     except RingmpiUsageError as err:
-        if getattr(err, "stood_in", False) and tuner.done(t, tuner.winner, time.perf_counter() - t0):
-            forget_plans()        # (the call ran on every rank: every rank's tuner counts it)
+        if getattr(err, "stood_in", False) and tuner.done(t, name, time.perf_counter() - t0):
+            forget_plans()
         raise
-    if tuner.done(t, tuner.winner, time.perf_counter() - t0):
+    if tuner.done(t, name, time.perf_counter() - t0):
         forget_plans()
     return out
 
