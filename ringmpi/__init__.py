@@ -48,16 +48,18 @@ else:
 
 
 def _excepthook(tp, value, tb, _previous=_sys.excepthook):
-    """RINGMPI_ABORT_ON_EXCEPTION=1: once MPI is running, an uncaught exception aborts the
-    whole job (the rank and traceback printed first) instead of leaving the others waiting."""
-    if "mpi4py.MPI" in _sys.modules:
+    """An uncaught exception, once MPI runs on more than one rank, aborts the whole job (the
+    rank and traceback printed first) instead of leaving the others waiting, unless
+    RINGMPI_ABORT_ON_EXCEPTION=0. Installed at import, decided when it fires: the settings
+    are read at first use, and a program may set them after `import ringmpi`."""
+    try:
+        wanted = _settings().abort_on_exception
+    except RingmpiUsageError:  # an invalid RINGMPI_* value: abort, the default
+        wanted = True
+    if wanted and "mpi4py.MPI" in _sys.modules:
         from .mpicomm import abort_on_exception
         abort_on_exception(tp, value, tb)
     _previous(tp, value, tb)
 
 
-try:
-    if _settings().abort_on_exception:
-        _sys.excepthook = _excepthook
-except RingmpiUsageError:  # an invalid RINGMPI_* value: the first call reports it
-    pass
+_sys.excepthook = _excepthook

@@ -29,7 +29,7 @@ from .ops import CANONICAL, SUPPORTED_DTYPES, check_op_dtype
 from .settings import log, settings
 from .transport import PLANS, forget_plans
 
-__all__ = ["execute", "Edge", "group", "algorithms", "last_choice", "send_recv_plan", "call_plan", "mpi_reference",
+__all__ = ["execute", "Edge", "group", "algorithms", "last_choice", "label", "send_recv_plan", "call_plan", "mpi_reference",
            "RingmpiUsageError",
            "RingmpiError"]
 
@@ -216,7 +216,7 @@ def execute(spec: Any, comm: Any, algorithm: Any, args: dict, key: tuple | None 
             raise
         call, result, problem = None, None, err
     dev = _device(e, call) if call is not None and not isinstance(call.send, np.ndarray) else None
-    t.begin(f"{spec.name}/{algorithm}")
+    t.begin(label(spec, algorithm, call))
     try:
         if st.check and t.size > 1:
             _agree(e, algorithm, call, problem)
@@ -289,14 +289,30 @@ def _stands_in(t: Any, err: Exception) -> bool:
     return t.size > 1 and getattr(err, "stand_in", False) and not settings().check
 
 
+def label(spec: Any, algorithm: str, call: Call | None) -> str:
+    """What a call runs, as the stall inspector names it and the call's tag is salted with:
+    "allreduce/ring", "broadcast/pipeline, root 2". Ranks whose labels for one call differ
+    (in the collective, the root, or a resolved algorithm) called different things."""
+    if spec.rooted and call is not None:
+        return f"{spec.name}/{algorithm}, root {call.root}"
+    return f"{spec.name}/{algorithm}"
+
+
 def _run_body(t: Any, dev: Any, alg: Any, call: Call) -> None:
-    """The algorithm on the host transport, or on the device one (device buffers)."""
-    if dev is None:
-        alg.run(t, call)
-        return
-    dev.begin()
-    alg.run(dev, call)
-    dev.backend.synchronize()
+    """The algorithm on the host transport, or on the device one (device buffers). What
+    it raises goes through `t.failed`: the other ranks may be waiting for this one."""
+    try:
+        if dev is None:
+            alg.run(t, call)
+            return
+        dev.begin()
+        alg.run(dev, call)
+        dev.backend.synchronize()
+    except BaseException as err:
+        raised = t.failed(err)
+        if raised is err:
+            raise
+        raise raised from err
 
 
 def _fingerprint(algorithm: str, call: Call) -> tuple:
@@ -367,7 +383,7 @@ def _resolve(e: Edge, spec: Any, algorithm: str, call: Call, dev: Any = None) ->
         e.fail(f"algorithm 'mpi' cannot take {call.count} elements: the MPI library's {spec.name} counts are "
                f"C ints (at most {t.max_count}); use one of ringmpi's algorithms or 'auto'")
     call = _with_tunables(t, alg, call)
-    t.describe(f"{spec.name}/{name}")
+    t.describe(label(spec, name, call))
     t.last_choice = choice
     return alg, call, choice
 
@@ -435,7 +451,7 @@ def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice:
         fast = spec.direct(t, call, args, choice, slow, tuner)
         if fast is not None:
             return fast
-    label = f"{spec.name}/{alg.name}"
+    name = label(spec, alg.name, call)
     params = call.params
     bare = spec.with_buffers(args, None, None)
     again = spec.again if dev is None else None
@@ -465,7 +481,7 @@ def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice:
             if failed is None and again is not None and recvbuf is not None and isinstance(c.send, np.ndarray):
                 last[:] = (weakref.ref(sendbuf), weakref.ref(recvbuf), c._replace(send=None, recv=None),
                            sendbuf.dtype, c.send.dtype)
-        t.begin(label)
+        t.begin(name)
         try:
             _run_body(t, dev, alg, c._replace(params=params) if params else c)   # (_replace: ~500 ns)
         finally:
@@ -557,6 +573,8 @@ def send_recv_plan(t: Any, function: str, op: str | None, shape: tuple | None, d
                 t.seq -= 1
                 t.busy = None
                 return slow(sendbuf, recvbuf)
+            except BaseException as err:   # (MPI's own error: see _run_body)
+                _direct_failed(t, err)
             t.busy = None
             t.last_choice = choice
             return recvbuf
@@ -588,10 +606,21 @@ def call_plan(t: Any, function: str, build: Callable, label: str, choice: dict, 
             t.seq -= 1
             t.busy = None
             return slow(sendbuf, recvbuf)
+        except BaseException as err:
+            _direct_failed(t, err)
         t.busy = None
         t.last_choice = choice
         return built[1]
     return run
+
+
+def _direct_failed(t: Any, err: BaseException) -> None:
+    """MPI's own collective raised in a direct plan: as `_run_body`, then the call is over."""
+    raised = t.failed(err)
+    t.busy = None
+    if raised is err:
+        raise err
+    raise raised from err
 
 
 settings_module.on_reload(forget_plans)

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .backend import Phantom, phantom
-from .api import Edge, call_plan, execute, flat_view, group, send_recv_plan
+from .api import Edge, call_plan, execute, flat_view, group, label, send_recv_plan
 from .call import Call, block_counts, offsets
 from .ops import OPS
 from .transport import IN_PLACE, LAST, PLANS
@@ -316,7 +316,8 @@ class _Broadcast(Collective):
 
     def direct(self, t, call, args, choice, slow, tuner=None):
         root = call.root
-        return call_plan(t, "Bcast", lambda buf, _: ((buf, root), buf), "broadcast/mpi", choice, slow, tuner)
+        return call_plan(t, "Bcast", lambda buf, _: ((buf, root), buf), label(self, "mpi", call), choice, slow,
+                         tuner)
 
 
 class _Reduce(Collective):
@@ -370,7 +371,7 @@ class _Reduce(Collective):
                 elif (sendbuf.base is not None or recvbuf.base is not None) and may_share(sendbuf, recvbuf):
                     return None
                 return ((sendbuf, mpi_type), (recvbuf, mpi_type), mpi_op, root), recvbuf
-        return call_plan(t, "Reduce", build, "reduce/mpi", choice, slow, tuner)
+        return call_plan(t, "Reduce", build, label(self, "mpi", call), choice, slow, tuner)
 
 
 class _Alltoall(Collective):

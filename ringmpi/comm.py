@@ -343,9 +343,10 @@ class Comm(MPI.Intracomm):
     def _remember(self, sendbuf: Any, recvbuf: Any, op: Any, sv: np.ndarray, rv: np.ndarray) -> None:
         """Keep the plan ringmpi's allreduce memo holds for these very arrays (plain ndarrays
         that needed no view), so that the next identical call goes straight to it."""
-        memo = LAST["allreduce"]
+        memo = tuple(LAST["allreduce"])   # one copy: another thread's call may rewrite the memo meanwhile
         in_place = sv is rv
-        if rv is not recvbuf or not in_place and sv is not sendbuf or memo[5] is None or memo[0]() is not sv:
+        if rv is not recvbuf or not in_place and sv is not sendbuf or memo[5] is None or memo[0]() is not sv \
+                or memo[3] is not self:
             return
         hot = self._hot
         if hot is None or len(hot) >= _HOT_SIZE:

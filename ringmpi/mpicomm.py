@@ -14,6 +14,16 @@ the next call. A second duplicate carries control messages (the RINGMPI_CHECK ag
 the profile, tuning decisions). The transport is stored on the user's communicator as an
 MPI attribute: it lives exactly as long as the communicator and is freed with it.
 
+A third channel, the watch tag on the control duplicate, carries the stall inspector's
+notes between ranks (`ringmpi.stall`: "where are you?", "I failed in call N", "I finished
+after call N"); it needs MPI_THREAD_MULTIPLE (mpi4py's default), since the inspector's
+thread sends them while the caller's thread may be inside MPI.
+
+Nothing here waits inside MPI while holding the GIL: mpi4py 4.1.2's pickle-based
+reductions (`comm.allreduce(obj)`) duplicate the communicator with the GIL held on first use
+(mpi4py issue 784), which froze a process whose two threads set up two communicators at
+once; host discovery therefore uses buffer collectives, which release it.
+
 The MPI library's own collectives are called through `library`, which also makes them
 follow ringmpi's rules: above the C-int count limit the element-wise ones (all-reduce,
 reduce, broadcast) are cut into pieces, and MAX/MIN on floating types propagate NaN (MPI
@@ -22,11 +32,13 @@ order) by reducing order-preserving integer keys instead of the floats.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
-import sys
+import threading
 import time
 import traceback
+import zlib
 from typing import Any, Sequence
 
 import numpy as np
@@ -35,6 +47,7 @@ from mpi4py import MPI
 from . import stall
 from .backend import NUMPY, ArrayBackend, ScratchPool
 from .device import DeviceGroup, Support
+from .errors import RingmpiError
 from .ops import CANONICAL, OPS, op_name
 from .settings import log, settings
 from .transport import IN_PLACE, LRU, CountedMemory, Counters, PrivateMemory, ReceiveThenReduce, forget_plans, split_nodes
@@ -139,6 +152,8 @@ class MPITransport(CountedMemory, PrivateMemory, ReceiveThenReduce):
         self.choices = LRU(256)           # auto's decisions per call shape
         self.last_choice: dict | None = None
         self.freed = False
+        self.wire = False                 # (see below: set once the channels exist)
+        self._posted: list = []           # the stall inspector's sends not yet known complete
         self.tuners = LRU(256)            # online tuning per (collective, dtype, op, size bucket)
         # the duplicates are collective over the communicator: a rank that never comes is
         # named by the stall inspector like any other waiting call
@@ -148,29 +163,73 @@ class MPITransport(CountedMemory, PrivateMemory, ReceiveThenReduce):
         # come back here), made with MPI_Comm_dup itself rather than a subclass's Dup
         self.comm = MPI.Intracomm(MPI.Intracomm.Dup(user))
         self.ctl = MPI.Intracomm(MPI.Intracomm.Dup(user))
+        ub = self.comm.Get_attr(MPI.TAG_UB)
+        self._tags = max(2, min(ub if isinstance(ub, int) else 32767, 1 << 30))  # call tags: 0 .. _tags-1
+        self._watch_tag = self._tags      # the stall inspector's notes on `ctl` (<= TAG_UB)
+        #: whether the inspector's thread may use MPI beside the caller's thread
+        self.wire = self.size > 1 and MPI.Query_thread() == MPI.THREAD_MULTIPLE
         self._nodes: list[int] | None = None
         self._nodes = self.nodes          # collective: every rank's host, found now, while every rank is here
         self.busy = None
         self._shared: Any = None
         self._split: tuple | None = None      # (local group, cross group, node transport, node comm)
         self.devices: dict = {}              # device backend name -> its DeviceGroup (scratch, staging)
-        ub = self.comm.Get_attr(MPI.TAG_UB)
-        self._tags = max(2, min(ub if isinstance(ub, int) else 32767, 1 << 30))
 
     # -- the call bracket: one tag per call, scratch afresh, watched by the stall inspector --
     def begin(self, name: str) -> int:
+        """A call begins: its tag is its sequence number and what runs ("allreduce/ring"),
+        so no message of one call can match another call, nor a call of another collective
+        or algorithm that a mistaken rank makes at the same place (that wait is named and
+        ended by the stall inspector instead of giving a silently wrong result)."""
         self.seq += 1
-        self.tag = self.seq % self._tags
+        self.tag = (self.seq * _SALTS + (_SALT.get(name) or _salt(name))) % self._tags
         self.pool.reset()
         self.busy = name
         return self.seq
 
     def describe(self, label: str) -> None:
+        """What the call runs, once resolved (auto's choice), before any of its messages."""
         self.busy = label
+        self.tag = (self.seq * _SALTS + (_SALT.get(label) or _salt(label))) % self._tags
 
     def end(self) -> None:
         self.busy = None
         self.waiting_for = None
+
+    def failed(self, err: BaseException) -> BaseException:
+        """The call in flight raised on this rank after it began (its body, or MPI itself):
+        the other ranks may be waiting for this one inside the call, so they are told
+        (`stall.announce`: they abort the job if they are still in it a few seconds later,
+        naming this rank and the error). An MPI error comes back with ringmpi's prefix and
+        what it most likely means; any other exception as it is."""
+        label = self.busy or "a collective"
+        if isinstance(err, MPI.Exception):
+            why = _MPI_HINTS.get(err.Get_error_class(), "the ranks' calls may differ")
+            err = RingmpiError(f"ringmpi.{label.split('/')[0]} (rank {self.rank} of {self.size}): {label} failed in "
+                               f"MPI, {err.Get_error_string().strip()}: {why}; RINGMPI_CHECK=1 compares every "
+                               "rank's call before any message")
+        stall.announce(self, ("fail", self.seq, f"{type(err).__name__}: {err}"))
+        return err
+
+    # -- the stall inspector's notes (`ringmpi.stall`), sent and read on its thread ------
+    def post(self, dest: int, note: tuple) -> None:
+        """Send `note` to rank `dest` without waiting (the watch tag of the control channel)."""
+        self._posted = [r for r in self._posted if not r.Test()]
+        self._posted.append(self.ctl.isend(note, dest, self._watch_tag))
+
+    def notes(self) -> list[tuple[int, tuple]]:
+        """Every note that has arrived, as (source rank, note); waits for none."""
+        out, st = [], MPI.Status()
+        while (msg := self.ctl.improbe(MPI.ANY_SOURCE, self._watch_tag, st)) is not None:
+            out.append((st.Get_source(), msg.recv()))
+        return out
+
+    def flush(self, seconds: float) -> None:
+        """Give the notes sent so far up to `seconds` to leave (at MPI_Finalize)."""
+        end = time.monotonic() + seconds
+        while self._posted and time.monotonic() < end:
+            self._posted = [r for r in self._posted if not r.Test()]
+            time.sleep(0.001)
 
     # -- data movement -------------------------------------------------------------------
     def sendrecv(self, sendbuf: np.ndarray | None, dest: int | None,
@@ -316,14 +375,15 @@ class MPITransport(CountedMemory, PrivateMemory, ReceiveThenReduce):
     def gather_at(self, obj: Any, leader: int = 0) -> list | None:
         """Every rank's `obj` at `leader` (None elsewhere), point to point on the control
         communicator, so that while it waits the leader knows which ranks have not arrived
-        (`waiting_for`, named by the stall inspector)."""
+        (`waiting_for`, named by the stall inspector). Its tag is the call's sequence number
+        alone: the ranks may disagree on what the call is (which this is there to find)."""
         if self.rank != leader:
-            self.ctl.send(obj, leader, self.tag)
+            self.ctl.send(obj, leader, self.seq % self._tags)
             return None
         got: list = [None] * self.size
         got[leader] = obj
         others = [q for q in range(self.size) if q != leader]
-        reqs = [self.ctl.irecv(source=q, tag=self.tag) for q in others]
+        reqs = [self.ctl.irecv(source=q, tag=self.seq % self._tags) for q in others]
         pending = dict(zip(others, reqs))
         while pending:
             self.waiting_for = sorted(pending)
@@ -341,11 +401,14 @@ class MPITransport(CountedMemory, PrivateMemory, ReceiveThenReduce):
     def nodes(self) -> list[int]:
         """The node (shared-memory domain, MPI_COMM_TYPE_SHARED) of every rank, named by its
         lowest rank; found collectively at first use, then kept."""
-        if self._nodes is None:
+        if self._nodes is None:   # (buffer collectives: they wait without the GIL; see the module doc)
             node = self.ctl.Split_type(MPI.COMM_TYPE_SHARED)
-            lowest = node.allreduce(self.rank, op=MPI.MIN)
+            lowest = np.array([self.rank], np.int64)
+            node.Allreduce(MPI.IN_PLACE, lowest, MPI.MIN)
             node.Free()
-            self._nodes = self.ctl.allgather(lowest)
+            every = np.empty(self.size, np.int64)
+            self.ctl.Allgather(lowest, every)
+            self._nodes = every.tolist()
         return self._nodes
 
     def shared(self) -> Any:
@@ -391,7 +454,8 @@ class MPITransport(CountedMemory, PrivateMemory, ReceiveThenReduce):
         return self.ctl.allgather(MPI.Get_processor_name())
 
     def release(self) -> None:
-        """The user's communicator is being freed: free the duplicates and the scratch."""
+        """The user's communicator is being freed: free the duplicates and the scratch (the
+        duplicates on the stall inspector's thread when it uses them: `stall.free_later`)."""
         self.freed = True
         self.pool = ScratchPool(self.backend)
         self.devices.clear()
@@ -404,12 +468,29 @@ class MPITransport(CountedMemory, PrivateMemory, ReceiveThenReduce):
             if not MPI.Is_finalized():
                 node_comm.Free()
             self._split = None
-        for c in (self.comm, self.ctl):
-            if c != MPI.COMM_NULL and not MPI.Is_finalized():
+        mine = [c for c in (self.comm, self.ctl) if c != MPI.COMM_NULL and not MPI.Is_finalized()]
+        if self.wire:
+            stall.free_later(mine)
+        else:
+            for c in mine:
                 c.Free()
 
 
 _ELEMENTWISE = ("Allreduce", "Reduce", "Bcast")
+_SALTS = 251                 # (prime) labels per sequence number in the tag space
+_SALT: dict[str, int] = {}   # label -> 1 .. _SALTS-1, the same in every process (not hash())
+
+
+def _salt(label: str) -> int:
+    value = _SALT[label] = 1 + zlib.crc32(label.encode()) % (_SALTS - 1)
+    return value
+
+
+#: what an MPI error inside a collective most likely means (error class -> hint)
+_MPI_HINTS = {MPI.ERR_TRUNCATE: "a message from another rank was longer than this rank expected, so the ranks' "
+                                "calls differ (count, dtype, counts, root, algorithm or collective)",
+              MPI.ERR_COUNT: "the ranks' counts may differ", MPI.ERR_TYPE: "the ranks' dtypes may differ",
+              MPI.ERR_ROOT: "the ranks' roots may differ", MPI.ERR_OP: "the ranks' ops may differ"}
 _SIGNED = {4: np.int32, 8: np.int64}
 
 
@@ -470,40 +551,64 @@ def world_position() -> tuple[int, int]:
 def abort_on_exception(tp: type, value: BaseException, tb: Any) -> None:
     """sys.excepthook under RINGMPI_ABORT_ON_EXCEPTION=1: the traceback, each line tagged
     with the rank, then MPI_Abort, so the other ranks do not wait forever for this one."""
-    if not MPI.Is_initialized() or MPI.Is_finalized():
-        sys.__excepthook__(tp, value, tb)
-        return
+    if not MPI.Is_initialized() or MPI.Is_finalized() or MPI.COMM_WORLD.Get_size() == 1:
+        return   # nobody waits for this rank: Python's own report follows
     r, p = world_position()
     text = "".join(traceback.format_exception(tp, value, tb))
     stall.die("".join(f"[rank {r}] {line}\n" for line in text.splitlines()) +
               f"ringmpi: rank {r} of {p} raised an uncaught {tp.__name__}; aborting the job "
-              "(RINGMPI_ABORT_ON_EXCEPTION=1)\n", MPI.COMM_WORLD.Abort, 1)
+              "(RINGMPI_ABORT_ON_EXCEPTION=0 turns this off)\n", MPI.COMM_WORLD.Abort, 1)
 
 
 def _delete(_comm: Any, _key: int, t: MPITransport) -> None:
     forget_plans()
     t.release()
-    if _LAST and _LAST[1] is t:
-        _LAST.clear()
+    global _LAST
+    if _LAST is not None and _LAST[1] is t:
+        _LAST = None
+
+
+def _at_finalize(_comm: Any, _key: int, _value: Any) -> None:
+    """MPI_Finalize called by the program (COMM_SELF's attributes go first, while MPI still
+    works): the stall inspector tells the peers that this rank has finished, then stops
+    using MPI. mpi4py's own finalize at exit runs after Python's (Py_AtExit), where no
+    Python callback runs: `atexit` does the same for it."""
+    stall.finish()
 
 
 _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete)
-_LAST: list = []   # (user communicator object, its transport): the one-entry fast path
+MPI.COMM_SELF.Set_attr(MPI.Comm.Create_keyval(delete_fn=_at_finalize), True)
+atexit.register(stall.finish)
+_LAST: "tuple[Any, MPITransport] | None" = None   # (user communicator, its transport): the one-entry fast path
+_MAKING = threading.Lock()                    # guards _MAKERS
+_MAKERS: "dict[int, threading.Lock]" = {}     # communicator handle -> the lock of its transport's set-up
 
 
 def transport(comm: "MPI.Intracomm | None" = None) -> MPITransport:
-    """The transport of `comm` (COMM_WORLD when None), made at its first use."""
+    """The transport of `comm` (COMM_WORLD when None), made at its first use. Thread-safe:
+    one lock per communicator around the (collective) set-up, never one for all, since two
+    threads may set up two communicators in different orders on different ranks."""
+    global _LAST
     if comm is None:
         comm = MPI.COMM_WORLD
-    if _LAST and _LAST[0] is comm and not _LAST[1].freed:
-        return _LAST[1]
+    last = _LAST      # one read: another thread may replace it meanwhile
+    if last is not None and last[0] is comm and not last[1].freed:
+        return last[1]
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         what = "MPI.COMM_NULL (a freed communicator?)" if isinstance(comm, MPI.Comm) and comm == MPI.COMM_NULL else \
             "an inter-communicator" if isinstance(comm, MPI.Intercomm) else f"{type(comm).__module__}.{type(comm).__name__}"
         raise TypeError(f"comm must be an mpi4py intracommunicator, got {what}")
     t = comm.Get_attr(_KEYVAL)
     if t is None:
-        t = MPITransport(comm)
-        comm.Set_attr(_KEYVAL, t)
-    _LAST[:] = [comm, t]
+        handle = MPI._handleof(comm)
+        with _MAKING:
+            lock = _MAKERS.setdefault(handle, threading.Lock())
+        with lock:
+            t = comm.Get_attr(_KEYVAL)
+            if t is None:
+                t = MPITransport(comm)
+                comm.Set_attr(_KEYVAL, t)
+        with _MAKING:
+            _MAKERS.pop(handle, None)
+    _LAST = (comm, t)
     return t

@@ -1,8 +1,10 @@
 """Every RINGMPI_* environment variable, read once into one `Settings` object.
 
-Like NCCL's variables they are read at the first use; `reload()` reads them again (tests,
-or a program that changes its environment) and bumps `generation`, which is what cached
-plans and choices compare against.
+Like NCCL's variables they are read at the first use (the first collective call, the first
+`ringmpi.Comm` call, or an uncaught exception), never at `import ringmpi`: a program may
+set them in `os.environ` after the import. `reload()` reads them again (tests, or a program
+that changes its environment later) and bumps `generation`, which is what cached plans and
+choices compare against.
 
     RINGMPI_ALGO         force algorithms: "ring" wherever it exists, or per collective
                          "allreduce=ring,broadcast=pipeline" (like NCCL_ALGO)
@@ -10,7 +12,8 @@ plans and choices compare against.
     RINGMPI_DEBUG_FILE   write those lines to this file instead of stderr (%h host, %p pid)
     RINGMPI_CHECK        1: compare every call's arguments across ranks first
     RINGMPI_STALL_WARN   seconds a rank may wait in one call before it is named (default 60; 0 off)
-    RINGMPI_STALL_ABORT  seconds after which the whole job is aborted instead (default 0: never)
+    RINGMPI_STALL_ABORT  seconds after which the whole job is aborted instead (default 600, the
+                         10 minutes of torch.distributed's default timeout; 0: never)
     RINGMPI_PROFILE      the profile `auto` reads (default ~/.cache/ringmpi/profile-pP.json)
     RINGMPI_TUNE         1 (default): `auto` learns online, trying the candidates on the first
                          calls of each size; 0: `auto` is the profile's prediction alone
@@ -21,9 +24,10 @@ plans and choices compare against.
     RINGMPI_SHM_CMA      1 (default): on one host, shared-memory algorithms read ordinary
                          arrays straight from the peer's memory (Linux cross-memory attach)
                          where every rank may; 0: stage them through shared segments
-    RINGMPI_ABORT_ON_EXCEPTION  1: an uncaught exception on one rank prints its traceback
-                         and aborts the whole job (MPI_Abort) instead of leaving the other
-                         ranks waiting; on by default under `python -m ringmpi.launch`
+    RINGMPI_ABORT_ON_EXCEPTION  1 (default): once MPI runs on more than one rank, an uncaught
+                         exception on one rank prints its traceback and aborts the whole job
+                         (MPI_Abort, like `python -m mpi4py`) instead of leaving the other
+                         ranks waiting; 0: the rank exits as Python does
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 from dataclasses import dataclass
 
 from .errors import RingmpiUsageError
@@ -48,9 +53,9 @@ class Settings:
     debug_file: str = ""
     check: bool = False
     stall_warn: float = 60.0
-    stall_abort: float = 0.0
+    stall_abort: float = 600.0
     profile: str = ""
-    abort_on_exception: bool = False
+    abort_on_exception: bool = True
     tune: bool = True
     cuda_aware: str = ""        # "", "0" or "1"
     stage_chunk: int = 0        # bytes; 0: the staging pipeline's formula
@@ -106,10 +111,10 @@ def _read(env: dict, generation: int) -> Settings:
         raise RingmpiUsageError(f"RINGMPI_DEBUG={env['RINGMPI_DEBUG']!r}: expected one of {', '.join(DEBUG_LEVELS)}")
     return Settings(algo=_algo(env.get("RINGMPI_ALGO", "")), debug=debug,
                     debug_file=env.get("RINGMPI_DEBUG_FILE", ""), check=_flag(env, "RINGMPI_CHECK"),
-                    abort_on_exception=_flag(env, "RINGMPI_ABORT_ON_EXCEPTION"),
+                    abort_on_exception=_choice(env, "RINGMPI_ABORT_ON_EXCEPTION") != "0",
                     tune=_flag(env, "RINGMPI_TUNE") or env.get("RINGMPI_TUNE", "").strip() == "",
                     stall_warn=_seconds(env, "RINGMPI_STALL_WARN", 60.0),
-                    stall_abort=_seconds(env, "RINGMPI_STALL_ABORT", 0.0),
+                    stall_abort=_seconds(env, "RINGMPI_STALL_ABORT", 600.0),
                     profile=env.get("RINGMPI_PROFILE", ""), cuda_aware=_choice(env, "RINGMPI_CUDA_AWARE"),
                     stage_chunk=_bytes(env, "RINGMPI_STAGE_CHUNK"), shm_cma=_choice(env, "RINGMPI_SHM_CMA") != "0",
                     generation=generation)
@@ -138,6 +143,7 @@ def _bytes(env: dict, name: str) -> int:
 
 _CURRENT: list[Settings] = []
 _ON_RELOAD: list = []
+_READING = threading.RLock()   # one thread reads the environment; the others wait for its result
 
 
 def on_reload(fn) -> None:
@@ -148,17 +154,20 @@ def on_reload(fn) -> None:
 def settings() -> Settings:
     """The settings in force (read from the environment at the first call)."""
     if not _CURRENT:
-        reload()
+        with _READING:
+            if not _CURRENT:
+                reload()
     return _CURRENT[0]
 
 
 def reload(env: dict | None = None) -> Settings:
     """Read the environment (or `env`) again; plans and choices made before are dropped."""
-    gen = _CURRENT[0].generation + 1 if _CURRENT else 1
-    new = _read(dict(os.environ if env is None else env), gen)
-    _CURRENT[:] = [new]
-    for fn in _ON_RELOAD:
-        fn()
+    with _READING:
+        gen = _CURRENT[0].generation + 1 if _CURRENT else 1
+        new = _read(dict(os.environ if env is None else env), gen)
+        _CURRENT[:] = [new]
+        for fn in _ON_RELOAD:
+            fn()
     return new
 
 

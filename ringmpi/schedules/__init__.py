@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -74,7 +75,8 @@ class Algorithm:
 
 
 _REGISTRY: dict[tuple[str, str], Algorithm] = {}
-_LOADED: list[bool] = []
+_LOADED = threading.Event()      # set once every module of the package is imported
+_LOADING = threading.RLock()     # (re-entrant: a module that asks the registry while it loads)
 
 
 def register(collective: str, name: str, cost: Callable[..., Cost] | None = None,
@@ -92,12 +94,19 @@ def _native(t: Transport, call: Call) -> None:
 
 
 def _load() -> None:
-    if not _LOADED:
-        _LOADED.append(True)
+    """Import every module of the package once. Under a lock, and marked loaded only when
+    done: a second thread asking at the same moment waits for the whole registry instead
+    of seeing the part loaded so far."""
+    if _LOADED.is_set():
+        return
+    with _LOADING:
+        if _LOADED.is_set():
+            return
         for mod in pkgutil.iter_modules(__path__):
             importlib.import_module(f"{__name__}.{mod.name}")
-        for coll in collectives():
+        for coll in dict.fromkeys(c for c, _ in list(_REGISTRY)):
             _REGISTRY.setdefault((coll, NATIVE), Algorithm(coll, NATIVE, _native))
+        _LOADED.set()
 
 
 def collectives() -> list[str]:
