@@ -66,7 +66,7 @@ _TO_FREE: list = []                 # communicators of freed transports, for the
 @dataclass
 class _Peers:
     """What this rank's inspector knows of the other ranks of one communicator."""
-    seq: int = 0                 # the call in flight it is timing
+    seq: int = -1                # the call in flight it is timing (none yet: set-up is call 0)
     since: float = 0.0           # when it first saw that call in flight
     asked: int = 0               # the call for which the others were asked where they are
     warned: int = 0              # the call it warned about

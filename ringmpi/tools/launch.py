@@ -11,7 +11,6 @@
   MPICH MPIR_CVAR_CH4_PROGRESS_THROTTLE and MPIR_CVAR_POLLS_BEFORE_YIELD);
 - one BLAS/OpenMP thread per rank (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, MKL_NUM_THREADS)
   unless already set: N ranks x N threads on N cores is the slowest way to run;
-- RINGMPI_ABORT_ON_EXCEPTION=1 unless set: an uncaught exception on one rank aborts the job;
 - the environment of an enclosing MPI job (PMI_*, PMIX_*, OMPI_COMM_*, HYDRA_*) is dropped,
   so a job started from inside another one does not join it;
 - --hosts node1:8,node2:8 in the launcher's own spelling (Open MPI --host, MPICH -hosts);
@@ -111,7 +110,6 @@ def mpirun_command(n: int, argv: list[str], extra: list[str] | None = None, host
 def job_environment(n: int) -> dict:
     """The environment of the ranks: this one, cleaned and completed (see the module doc)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(INHERITED)}
-    env.setdefault("RINGMPI_ABORT_ON_EXCEPTION", "1")
     for var in THREADS:
         env.setdefault(var, "1")
     if n > (os.cpu_count() or n):  # MPICH: sleep a microsecond after polls that found nothing

@@ -33,13 +33,15 @@ SAFETY = {"RINGMPI_CHECK": "1", "RINGMPI_STALL_ABORT": "5"}
 
 
 def job(tmp_path: Path, code: str, n: int = 3, env: dict | None = None, timeout: float = 90,
-        mpi_args: str = "") -> tuple[int, str, float]:
-    """Run `code` (after HEADER) on n ranks; returns (exit status, all output, seconds)."""
+        mpi_args: str = "", defaults: bool = False) -> tuple[int, str, float]:
+    """Run `code` (after HEADER) on n ranks; returns (exit status, all output, seconds).
+    `defaults`: no RINGMPI_* variable at all (what a plain `mpirun python ...` gets); else an
+    uncaught exception does not abort, so that the other safety nets are what is tested."""
     script = tmp_path / "scenario.py"
     script.write_text(HEADER + textwrap.dedent(code))
     base = {k: v for k, v in os.environ.items()
             if not k.startswith(("OMPI_COMM", "PMIX", "PRTE", "OMPI_MCA", "PMI_", "HYDRA", "RINGMPI_"))}
-    base.update({"RINGMPI_ABORT_ON_EXCEPTION": "0", "OMP_NUM_THREADS": "1", **(env or {})})
+    base.update({**({} if defaults else {"RINGMPI_ABORT_ON_EXCEPTION": "0"}), "OMP_NUM_THREADS": "1", **(env or {})})
     cmd = [sys.executable, "-m", "ringmpi.launch", "-n", str(n), "--timeout", str(timeout),
            *(["--mpi-args", mpi_args] if mpi_args else []), "--", sys.executable, str(script)]
     t0 = time.monotonic()
@@ -62,13 +64,35 @@ say("done")
 """
 
 
+@pytest.mark.parametrize("env", [{}, SAFETY], ids=["defaults", "check+abort"])
+def test_skipped_call_then_exit_aborts_the_job(tmp_path, env):
+    """The rank that skipped finishes (MPI_Finalize): it tells the others, who abort at once."""
+    rc, out, secs = job(tmp_path, SKIP, env=env, defaults=not env)
+    assert rc not in (0, 124) and secs < 15, (rc, secs, out)
+    assert "R1 done" in out and "ranks [1] finished (MPI_Finalize) after 1 calls and will never come" in out, out
+
+
+SKIP_AND_STAY = """
+x = np.ones(12)
+ringmpi.allreduce(x)
+if r != 1:
+    ringmpi.allreduce(x)
+else:
+    time.sleep(60)          # alive, answering where it is, but never coming
+say("done")
+"""
+
+
 @pytest.mark.parametrize("env", [{"RINGMPI_STALL_ABORT": "5"}, SAFETY], ids=["abort", "check+abort"])
-def test_skipped_call_aborts_the_job(tmp_path, env):
-    rc, out, secs = job(tmp_path, SKIP, env=env)
+def test_skipped_call_aborts_the_job_at_the_deadline_naming_the_rank(tmp_path, env):
+    """Without the check too, the waiting ranks ask the others where they are, and the
+    deadline's message names the rank that has not arrived and what it is doing."""
+    rc, out, secs = job(tmp_path, SKIP_AND_STAY, env=env)
     assert rc not in (0, 124) and secs < 15, (rc, secs, out)
     assert "aborting the job (RINGMPI_STALL_ABORT=5)" in out, out
-    if "RINGMPI_CHECK" in env:  # the agreement step knows who is missing
-        assert "rank 0 of 3 has waited" in out and "(ranks [1] have not arrived)" in out, out
+    assert re.search(r"rank [02] of 3 has waited \d+ s in allreduce/\w+ \(ranks \[1\] have not arrived\)", out), out
+    if "RINGMPI_CHECK" not in env:
+        assert "Rank 1: 1 calls on this communicator, in no ringmpi call on it." in out, out
 
 
 RAISE = """
@@ -87,9 +111,9 @@ def test_rank_raising_is_caught_by_the_stall_abort(tmp_path):
 
 
 def test_uncaught_exception_aborts_the_job_at_once(tmp_path):
-    """RINGMPI_ABORT_ON_EXCEPTION=1 (the launcher's default): the failing rank prints its
-    traceback, tagged with its rank, and aborts the job: no stall limit needed."""
-    rc, out, secs = job(tmp_path, RAISE, env={"RINGMPI_ABORT_ON_EXCEPTION": "1"})
+    """The default (no RINGMPI_* variable, as under a plain mpirun): the failing rank prints
+    its traceback, tagged with its rank, and aborts the job: no stall limit needed."""
+    rc, out, secs = job(tmp_path, RAISE, defaults=True)
     assert rc not in (0, 124) and secs < 10, (rc, secs, out)
     assert "[rank 1] RuntimeError: rank 1 gives up" in out, out
     assert "rank 1 of 3 raised an uncaught RuntimeError; aborting the job" in out, out
@@ -464,3 +488,103 @@ def test_a_buffer_one_rank_alone_got_wrong(tmp_path):
     assert valid and all(ln.endswith(" OK") for ln in valid), [ln for ln in valid if not ln.endswith(" OK")]
     assert len(nxt) == len(faulty) * 3 and all(ln.endswith(" OK") for ln in nxt), \
         [ln for ln in nxt if not ln.endswith(" OK")]
+
+
+# -- the defaults: nothing hangs, nothing is silently wrong, without RINGMPI_CHECK ------------
+
+MISMATCH_ALONE = """
+case = sys.argv[1]
+x = np.arange(12.0) + r
+calls = {
+    "count": lambda: ringmpi.allreduce(np.ones(10 if r == 0 else 12), algorithm="ring"),
+    "collective": lambda: ringmpi.allreduce(x, algorithm="ring") if r == 0 else ringmpi.broadcast(x, algorithm="pipeline"),
+    "algorithm": lambda: ringmpi.allreduce(x, algorithm="ring" if r == 0 else "tree"),
+    "root": lambda: ringmpi.broadcast(x, root=r % 2, algorithm="pipeline"),
+}
+try:
+    out = calls[case]()
+    say(case, "returned", np.asarray(out).ravel()[:3].tolist())
+except Exception as e:
+    say(case, "raised", type(e).__name__, str(e).splitlines()[0])
+"""
+
+
+@pytest.mark.parametrize("case, named", [
+    ("count", r"rank 0 failed in this call \(RingmpiError: ringmpi\.allreduce \(rank 0 of 3\): allreduce/ring failed "
+              r"in MPI, MPI_ERR_TRUNCATE"),
+    ("collective", r"while rank 0 is in allreduce/ring at that call: the ranks called different collectives"),
+    ("algorithm", r"while rank 0 is in allreduce/ring at that call: the ranks called different collectives or "
+                  r"algorithms"),
+    ("root", r"in broadcast/pipeline, root 0 \(call 1 on this communicator\), and every other rank has finished"),
+])
+def test_a_mismatch_without_the_check_ends_the_job_naming_it(tmp_path, case, named):
+    """One rank's call differs, with the default settings (no check, no stall limit set):
+    the rank that sees an MPI error raises it with ringmpi's prefix, and the job ends in
+    seconds with a message that says what differed; no rank prints a wrong result."""
+    rc, out, secs = job(tmp_path, MISMATCH_ALONE.replace("sys.argv[1]", repr(case)), defaults=True)
+    assert rc not in (0, 124) and secs < 30, (rc, secs, out)
+    assert re.search(named, out), out
+    for ln in lines(out, "R"):
+        if " returned " in ln:   # a rank that got through holds what it would have got alone
+            rank, got = int(ln[1]), eval(ln.split(" returned ")[1])
+            want = {"root": [0.0, 1.0, 2.0] if rank == 0 else [1.0, 2.0, 3.0]}.get(case)
+            assert got == want, (case, ln)
+    if case == "count":
+        assert "R0 count raised RingmpiError ringmpi.allreduce (rank 0 of 3): allreduce/ring failed in MPI" in out, out
+
+
+LATE_SETTINGS = """
+os.environ["RINGMPI_CHECK"] = "1"    # after `import ringmpi`, before the first call
+try:
+    ringmpi.allreduce(np.ones(10 if r == 0 else 12), algorithm="ring")
+    say("NO ERROR")
+except RingmpiUsageError as e:
+    say("raised:", str(e).splitlines()[0])
+"""
+
+
+def test_settings_are_read_at_the_first_call_not_at_import(tmp_path):
+    rc, out, secs = job(tmp_path, LATE_SETTINGS, defaults=True)
+    assert rc == 0 and secs < 30, (rc, secs, out)
+    assert len([ln for ln in lines(out, "R") if "ranks disagree on this collective call (RINGMPI_CHECK)" in ln]) == 3, out
+
+
+THREAD_STRESS = """
+REPS = int(sys.argv[1])
+def first_calls(c, i, errors):
+    try:
+        x = np.arange(8.0) * (i + 1) + c.rank
+        out = ringmpi.allreduce(x, comm=c)
+        want = np.arange(8.0) * (i + 1) * c.size + sum(range(c.size))
+        y = ringmpi.broadcast(x.copy(), root=c.size - 1, comm=c)
+        if not (np.array_equal(out, want) and np.array_equal(y, np.arange(8.0) * (i + 1) + c.size - 1)):
+            errors.append(f"thread {i}: wrong result")
+    except Exception as e:   # noqa: BLE001 (reported below, on this rank)
+        errors.append(f"thread {i}: {type(e).__name__}: {e}")
+t0 = time.monotonic()
+for rep in range(REPS):
+    comms = [W.Dup() for _ in range(3)]      # new communicators: each thread's first call sets one up
+    errors = []
+    ts = [threading.Thread(target=first_calls, args=(c, i, errors)) for i, c in enumerate(comms)]
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join()
+    for c in comms:
+        c.Free()
+    if errors:
+        say("rep", rep, "errors", errors)
+        break
+say("reps", rep + 1, "seconds", round(time.monotonic() - t0, 1))
+"""
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_threads_setting_up_communicators_at_once_never_freeze(tmp_path, n):
+    """Three threads, each the first user of its own new communicator, at once, many times
+    (with mpi4py 4.1.2's pickled reductions, 2 of 12 such runs froze: issue 784)."""
+    reps = 100
+    rc, out, secs = job(tmp_path, THREAD_STRESS.replace("sys.argv[1]", str(reps)), n=n, defaults=True,
+                        timeout=240)
+    assert rc == 0, (rc, secs, out[-3000:])
+    assert out.count(f"reps {reps} seconds") == n, out[-3000:]
