@@ -205,9 +205,11 @@ class MPITransport(CountedMemory, PrivateMemory, ReceiveThenReduce):
         label = self.busy or "a collective"
         if isinstance(err, MPI.Exception):
             why = _MPI_HINTS.get(err.Get_error_class(), "the ranks' calls may differ")
+            text = (err.Get_error_string().strip().splitlines() or [""])[0]
+            name = _ERROR_CLASSES.get(err.Get_error_class(), f"error class {err.Get_error_class()}")
             err = RingmpiError(f"ringmpi.{label.split('/')[0]} (rank {self.rank} of {self.size}): {label} failed in "
-                               f"MPI, {err.Get_error_string().strip()}: {why}; RINGMPI_CHECK=1 compares every "
-                               "rank's call before any message")
+                               f"MPI ({name}: {text}): {why}; RINGMPI_CHECK=1 compares every rank's call before "
+                               "any message")
         stall.announce(self, ("fail", self.seq, f"{type(err).__name__}: {err}"))
         return err
 
@@ -477,6 +479,8 @@ class MPITransport(CountedMemory, PrivateMemory, ReceiveThenReduce):
 
 
 _ELEMENTWISE = ("Allreduce", "Reduce", "Bcast")
+_ERROR_CLASSES = {getattr(MPI, n): f"MPI_{n}" for n in sorted(dir(MPI), reverse=True)
+                  if n.startswith("ERR_") and isinstance(getattr(MPI, n), int) and n != "ERR_LASTCODE"}
 _SALTS = 251                 # (prime) labels per sequence number in the tag space
 _SALT: dict[str, int] = {}   # label -> 1 .. _SALTS-1, the same in every process (not hash())
 

@@ -511,7 +511,7 @@ except Exception as e:
 
 @pytest.mark.parametrize("case, named", [
     ("count", r"rank 0 failed in this call \(RingmpiError: ringmpi\.allreduce \(rank 0 of 3\): allreduce/ring failed "
-              r"in MPI, MPI_ERR_TRUNCATE"),
+              r"in MPI \(MPI_ERR_TRUNCATE: "),
     ("collective", r"while rank 0 is in allreduce/ring at that call: the ranks called different collectives"),
     ("algorithm", r"while rank 0 is in allreduce/ring at that call: the ranks called different collectives or "
                   r"algorithms"),

@@ -1,0 +1,68 @@
+"""Per-call cost of ringmpi against MPI's own all-reduce, side by side in one run.
+
+    python -m ringmpi.launch -n 2 -- .venv/bin/python benchmarks/overhead.py [--rounds 15]
+
+Each round times, in a fresh shuffled order, a loop of `comm.Allreduce(x, y)` on plain
+mpi4py, `ringmpi.allreduce(x, y)` and `ringmpi.Comm(...).Allreduce(x, y)` on the same arrays
+(float32 SUM, 8 B and 1 KiB); each loop is timed on every rank and the slowest rank counts.
+Printed: the median over rounds of each and the ratios to MPI's own, with the spread
+(lowest-highest round). With PYTHONPATH pointing at another checkout, the same script times
+that tree's ringmpi: alternate the two in one shell loop to compare versions.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import ringmpi
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--label", default="")
+    ns = ap.parse_args()
+    world = MPI.COMM_WORLD
+    drop = ringmpi.Comm(world)
+    rows = []
+    for nbytes in (8, 1024):
+        x = np.ones(nbytes // 4, np.float32)
+        y = np.empty_like(x)
+        runners = {"mpi": lambda: world.Allreduce(x, y),
+                   "ringmpi.allreduce": lambda: ringmpi.allreduce(x, y),
+                   "ringmpi.Comm": lambda: drop.Allreduce(x, y)}
+        times: dict[str, list[float]] = {k: [] for k in runners}
+        rng = random.Random(nbytes)   # the same order on every rank
+        for _ in range(ns.rounds):
+            order = list(runners)
+            rng.shuffle(order)
+            for name in order:
+                fn = runners[name]
+                for _ in range(50):
+                    fn()
+                world.Barrier()
+                t0 = time.perf_counter()
+                for _ in range(ns.calls):
+                    fn()
+                per = (time.perf_counter() - t0) / ns.calls
+                times[name].append(world.allreduce(per, op=MPI.MAX))
+        rows.append((nbytes, times))
+    if world.rank == 0:
+        for nbytes, times in rows:
+            mpi = statistics.median(times["mpi"])
+            parts = [f"{ns.label}{nbytes} B: mpi {mpi * 1e6:.2f} us"]
+            for name in ("ringmpi.allreduce", "ringmpi.Comm"):
+                ratios = [a / b for a, b in zip(times[name], times["mpi"])]
+                parts.append(f"{name} {statistics.median(times[name]) * 1e6:.2f} us = "
+                             f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
+            print("; ".join(parts), flush=True)
+
+
+if __name__ == "__main__":
+    main()
