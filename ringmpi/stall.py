@@ -74,6 +74,7 @@ class _Peers:
     failed: dict = field(default_factory=dict)     # seq -> (rank, text, when the note came)
     finished: dict = field(default_factory=dict)   # rank -> calls it made before MPI_Finalize
     last_bye: float = 0.0        # when the last of those notes came
+    polled: float = 0.0          # when the notes were last read
 
 
 def die(message: str, abort: Any, code: int) -> None:
@@ -159,7 +160,7 @@ def _period(warn: float, abort: float) -> float:
 
 
 def _ask_after(t: Any, warn: float, abort: float) -> float:
-    limits = [x / 2 for x in (warn, abort) if x]
+    limits = [x / 3 for x in (warn, abort) if x]   # (the answers come in well before the limit)
     if t.size > NOTIFY_ALL:
         return warn or (abort / 2 if abort else float("inf"))
     return min([ASK_AFTER, *limits])
@@ -193,10 +194,23 @@ def _watch() -> None:
             if t.freed:
                 continue
             known = _known(t)
-            with WIRE:
-                if t.wire and not t.freed and not _STOPPED.is_set():
-                    _take_notes(t, known, now)
+            if _due(t, known, now, s):
+                with WIRE:
+                    if t.wire and not t.freed and not _STOPPED.is_set():
+                        known.polled = now
+                        _take_notes(t, known, now)
             _inspect(t, known, now, s)
+
+
+def _due(t: Any, known: _Peers, now: float, s: Any) -> bool:
+    """Whether to read `t`'s notes now: every tick while a call of this rank has been in
+    flight since the last tick (it may be stuck), else every half of the time a stuck peer
+    waits before asking (its question is answered before its deadline). Reading less often
+    when nothing waits keeps the inspector's MPI calls away from a busy loop's: one probe a
+    second made 8 B calls ~0.1 us slower on Open MPI (benchmarks/overhead.py)."""
+    if t.busy and known.seq == t.seq:
+        return True
+    return now - known.polled >= _ask_after(t, s.stall_warn, s.stall_abort) / 2
 
 
 def _take_notes(t: Any, known: _Peers, now: float) -> None:
