@@ -309,10 +309,17 @@ def _run_body(t: Any, dev: Any, alg: Any, call: Call) -> None:
         alg.run(dev, call)
         dev.backend.synchronize()
     except BaseException as err:
-        raised = t.failed(err)
-        if raised is err:
-            raise
-        raise raised from err
+        _failed(t, err)
+
+
+def _failed(t: Any, err: BaseException) -> None:
+    """A call raised on this rank after it began (a body, or MPI's own in a direct plan):
+    through `t.failed` (the other ranks may be waiting for this one), then the call is over."""
+    raised = t.failed(err)
+    t.busy = None
+    if raised is err:
+        raise err
+    raise raised from err
 
 
 def _fingerprint(algorithm: str, call: Call) -> tuple:
@@ -573,8 +580,8 @@ def send_recv_plan(t: Any, function: str, op: str | None, shape: tuple | None, d
                 t.seq -= 1
                 t.busy = None
                 return slow(sendbuf, recvbuf)
-            except BaseException as err:   # (MPI's own error: see _run_body)
-                _direct_failed(t, err)
+            except BaseException as err:   # (MPI's own error)
+                _failed(t, err)
             t.busy = None
             t.last_choice = choice
             return recvbuf
@@ -607,20 +614,11 @@ def call_plan(t: Any, function: str, build: Callable, label: str, choice: dict, 
             t.busy = None
             return slow(sendbuf, recvbuf)
         except BaseException as err:
-            _direct_failed(t, err)
+            _failed(t, err)
         t.busy = None
         t.last_choice = choice
         return built[1]
     return run
-
-
-def _direct_failed(t: Any, err: BaseException) -> None:
-    """MPI's own collective raised in a direct plan: as `_run_body`, then the call is over."""
-    raised = t.failed(err)
-    t.busy = None
-    if raised is err:
-        raise err
-    raise raised from err
 
 
 settings_module.on_reload(forget_plans)

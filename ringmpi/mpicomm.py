@@ -182,7 +182,7 @@ class MPITransport(CountedMemory, PrivateMemory, ReceiveThenReduce):
         or algorithm that a mistaken rank makes at the same place (that wait is named and
         ended by the stall inspector instead of giving a silently wrong result)."""
         self.seq += 1
-        self.tag = (self.seq * _SALTS + (_SALT.get(name) or _salt(name))) % self._tags
+        self._label_tag(name)
         self.pool.reset()
         self.busy = name
         return self.seq
@@ -190,6 +190,9 @@ class MPITransport(CountedMemory, PrivateMemory, ReceiveThenReduce):
     def describe(self, label: str) -> None:
         """What the call runs, once resolved (auto's choice), before any of its messages."""
         self.busy = label
+        self._label_tag(label)
+
+    def _label_tag(self, label: str) -> None:
         self.tag = (self.seq * _SALTS + (_SALT.get(label) or _salt(label))) % self._tags
 
     def end(self) -> None:

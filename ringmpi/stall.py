@@ -109,9 +109,14 @@ def announce(t: Any, note: tuple) -> None:
     """Send `note` to every other rank of `t` (a failure: the caller's thread)."""
     with WIRE:
         if t.wire and not t.freed and not _STOPPED.is_set():
-            for q in range(t.size):
-                if q != t.rank:
-                    t.post(q, note)
+            _to_peers(t, note)
+
+
+def _to_peers(t: Any, note: tuple) -> None:
+    """`note` to every other rank of `t` (under WIRE)."""
+    for q in range(t.size):
+        if q != t.rank:
+            t.post(q, note)
 
 
 def free_later(comms: list) -> None:
@@ -144,9 +149,7 @@ def finish() -> None:
                 _take_notes(t, _known(t), time.monotonic())
         live = [t for t in tracked() if t.wire and not t.freed and t.size <= NOTIFY_ALL]
         for t in live:
-            for q in range(t.size):
-                if q != t.rank:
-                    t.post(q, ("bye", t.seq))
+            _to_peers(t, ("bye", t.seq))
         for t in live:
             t.flush(0.5)
         _free_pending()
@@ -263,9 +266,7 @@ def _inspect(t: Any, known: _Peers, now: float, s: Any) -> None:
         known.asked, known.states = seq, {}
         with WIRE:
             if not t.freed and not _STOPPED.is_set():
-                for q in range(t.size):
-                    if q != t.rank:
-                        t.post(q, ("ask", seq))
+                _to_peers(t, ("ask", seq))
     other = {q: lab for q, (sq, lab) in sorted(known.states.items()) if sq == seq and lab and _differ(lab, label)}
     if other:
         die(f"{where} (call {seq} on this communicator), while " + "; ".join(f"rank {q} is in {lab}" for q, lab in
