@@ -27,6 +27,8 @@ from .device import cai_contiguous, cai_readonly, cai_span, device_backend, is_d
 from .errors import RingmpiError, RingmpiUsageError
 from .ops import CANONICAL, SUPPORTED_DTYPES, check_op_dtype
 from .settings import log, settings
+from . import requests
+from .requests import ACTIVE, progress
 from .transport import PLANS, forget_plans
 
 __all__ = ["execute", "Edge", "group", "algorithms", "last_choice", "label", "send_recv_plan", "call_plan", "mpi_reference",
@@ -244,6 +246,90 @@ def execute(spec: Any, comm: Any, algorithm: Any, args: dict, key: tuple | None 
     return result
 
 
+def request(spec: Any, comm: Any, algorithm: Any, args: dict, persistent: bool = False,
+            on_done: Callable | None = None) -> Any:
+    """Begin one public collective as a request (`ringmpi.requests.Request`), or bind it as
+    a persistent one (`Persistent`, started by the caller). Validated, agreed
+    (RINGMPI_CHECK) and resolved as a blocking call is, at this call: errors are raised here,
+    before any message; the body is the blocking call's, run on the request's suspending
+    transport. A rank whose only problem is a buffer of its own stands in with fresh buffers
+    (`_stand_in`): that request runs to its end unseen, and the error is raised here.
+    `on_done(request)` runs when a call completes, on whichever thread completed it (the
+    drop-in completes MPI generalized requests so); such requests go to the progress
+    thread whatever RINGMPI_PROGRESS says, since MPI's own waits cannot advance them."""
+    verb = f"{spec.name}_init" if persistent else f"i{spec.name}"
+    try:
+        t = group(comm)
+    except TypeError as e:
+        r, p = _mpi().world_position()
+        raise RingmpiUsageError(f"ringmpi.{verb} (rank {r} of {p} in COMM_WORLD): {e}") from None
+    e = Edge(verb, t)
+    try:
+        st = settings()
+        call, result = spec.prepare(e, **args)
+        if not isinstance(algorithm, str):
+            e.fail(f"algorithm must be a name, got {algorithm!r}")
+    except RingmpiUsageError as err:
+        fresh = _fresh(spec, args) if _stands_in(t, err) else None
+        if fresh is not None:
+            try:
+                request(spec, comm, algorithm, fresh).waited = True
+                err.stood_in = True   # type: ignore[attr-defined]
+            except RingmpiUsageError:
+                pass   # not a problem of these buffers alone
+        if not settings().check or t.size == 1:
+            raise
+        call, result, problem = None, None, err
+    else:
+        problem = None
+    if st.check and t.size > 1:
+        t.begin(label(spec, algorithm, call))
+        try:
+            _agree(e, algorithm, call, problem)
+        finally:
+            t.end()
+    _auto.profile_of(t)   # (collective at its first use: read now, while every rank is here)
+    view = t.request_view(label(spec, algorithm, call))
+    dev = _device(e, call, view) if not isinstance(call.send, np.ndarray) else None
+    alg, call = _resolve_request(e, spec, algorithm, call, view if dev is None else dev)
+    view.label = name = label(spec, alg.name, call)
+    thread = (st.progress == "thread" or on_done is not None) and t.wire
+
+    def body() -> Any:
+        _run_body(view, dev, alg, call)
+        return result
+
+    def launch(bound: Any) -> Any:
+        if bound.request is not None:   # a persistent request's next start
+            view.again(name)
+        return requests.engine().start(requests.Request(name, view.seq, t, view, body, on_done=on_done), thread)
+    if persistent:
+        return requests.Persistent(name, t, launch)
+    return launch(requests.Persistent(name, t, launch))
+
+
+def _resolve_request(e: Edge, spec: Any, algorithm: str, call: Call, on: Any) -> tuple[Any, Call]:
+    """`_resolve` for a request running on transport `on` (its view, or the view's device
+    transport): auto among the algorithms that can run as requests, not timed."""
+    if algorithm == "auto":
+        try:
+            choice = _auto.choose_request(on, call)
+        except ValueError as err:
+            e.fail(str(err))
+        algorithm = choice["algorithm"]
+    try:
+        alg = _alg.get(spec.name, algorithm)
+    except ValueError as err:
+        e.fail(str(err))
+    why = alg.why_not(on)
+    if why:
+        e.fail(f"algorithm {algorithm!r} cannot run here: {why}")
+    if alg.cost is None and not on.native_serves(call.count, spec.elementwise):
+        e.fail(f"algorithm 'mpi' cannot take {call.count} elements: the MPI library's {spec.name} counts are "
+               f"C ints (at most {on.max_count}); use one of ringmpi's algorithms or 'auto'")
+    return alg, _with_tunables(on, alg, call)
+
+
 def _stand_in(spec: Any, comm: Any, algorithm: Any, args: dict, err: Exception) -> None:
     """Without RINGMPI_CHECK, the other ranks cannot know that this rank's buffers failed
     their checks: they are in the collective already, and would wait for this rank, or take
@@ -349,7 +435,7 @@ def _agree(e: Edge, algorithm: str, call: Call | None, problem: Exception | None
         e.fail(f"ranks disagree on this collective call (RINGMPI_CHECK): {verdict}")
 
 
-def _device(e: Edge, call: Call) -> Any:
+def _device(e: Edge, call: Call, on: Any = None) -> Any:
     """The transport for a call on device buffers (`ringmpi.device.DeviceGroup`): CUDA-aware
     when the library can read device memory (`mpicomm.cuda_support`), staged otherwise.
     RINGMPI_CUDA_AWARE=1 where the library says it cannot is refused here, on every rank,
@@ -362,7 +448,7 @@ def _device(e: Edge, call: Call) -> Any:
             e.fail(f"RINGMPI_CUDA_AWARE=1, but this MPI library cannot read device memory ({support.how}); "
                    "unset RINGMPI_CUDA_AWARE to stage through the host")
         aware = True   # the stand-in device array is host memory: any MPI reads it
-    return e.t.device(backend, aware)
+    return (e.t if on is None else on).device(backend, aware)
 
 
 def _resolve(e: Edge, spec: Any, algorithm: str, call: Call, dev: Any = None) -> tuple[Any, Call, dict]:
@@ -572,12 +658,14 @@ def send_recv_plan(t: Any, function: str, op: str | None, shape: tuple | None, d
                 return slow(sendbuf, recvbuf)
             else:
                 send = (sendbuf, mpi_type)
-            t.seq += 1
+            if ACTIVE:
+                progress()
+            t.current = t.seq = t.seq + 1
             t.busy = label
             try:
                 fn(send, (recvbuf, mpi_type), mpi_op) if mpi_op is not None else fn(send, (recvbuf, mpi_type))
             except (BufferError, ValueError):
-                t.seq -= 1
+                t.current = t.seq = t.seq - 1
                 t.busy = None
                 return slow(sendbuf, recvbuf)
             except BaseException as err:   # (MPI's own error)
@@ -605,12 +693,14 @@ def call_plan(t: Any, function: str, build: Callable, label: str, choice: dict, 
         built = build(sendbuf, recvbuf)
         if built is None:
             return slow(sendbuf, recvbuf)
-        t.seq += 1
+        if ACTIVE:
+            progress()
+        t.current = t.seq = t.seq + 1
         t.busy = label
         try:
             fn(*built[0])
         except (BufferError, ValueError):
-            t.seq -= 1
+            t.current = t.seq = t.seq - 1
             t.busy = None
             return slow(sendbuf, recvbuf)
         except BaseException as err:

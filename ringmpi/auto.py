@@ -157,8 +157,8 @@ def choose(t: Any, call: Call) -> dict:
     # (a rank standing in for a result buffer that aliases its input, `api._fresh`), and
     # every rank must walk the same tuner (MPI's own 16 MiB out of place costs a copy more
     # than in place; the bench times auto both ways)
-    where = getattr(t, "memory", "")
-    key = (collective, where + str(call.dtype), call.op, nbytes.bit_length(), call.params)
+    where = t.memory if t.on_device else ""
+    key = _bucket(t, call)
     forced = st.forced(collective)
     tuner = t.tuners.get(key) if st.tune and forced is None else None
     if tuner is not None:
@@ -166,7 +166,7 @@ def choose(t: Any, call: Call) -> dict:
     ckey = (collective, call.count, call.itemsize, call.params, st.generation)
     choice = t.choices.get(ckey)
     if choice is None:
-        native_ok = getattr(t, "native_serves", lambda n, e: True)(call.count, call.collective.elementwise)
+        native_ok = t.native_serves(call.count, call.collective.elementwise)
         if forced is not None:
             _alg.get(collective, forced)  # an unknown name is an error, not ignored
             choice = {"algorithm": forced, "why": "forced by RINGMPI_ALGO"}
@@ -189,6 +189,42 @@ def choose(t: Any, call: Call) -> dict:
             table = " ".join(f"{a}={s * 1e6:.1f}us" for a, s in sorted(preds.items(), key=lambda kv: kv[1]))
             log(f"{collective} p={t.size} bytes={nbytes}: {choice['algorithm']} ({choice['why']}) {table}", "INFO")
     return choice
+
+
+def choose_request(view: Any, call: Call) -> dict:
+    """What `auto` runs for a request (`ringmpi.requests`; `view` its transport): the
+    algorithm online tuning settled on for blocking calls of the same bucket when it can
+    run as a request, else the lowest predicted time among those that can. Requests are not
+    timed for the tuner: what a request's time includes (the caller's computation, other
+    requests) is not the algorithm's."""
+    st = settings()
+    collective = call.collective.name
+    forced = st.forced(collective)
+    if forced is not None:
+        _alg.get(collective, forced)
+        return {"algorithm": forced, "why": "forced by RINGMPI_ALGO", "collective": collective}
+    g = view.group
+    tuner = g.tuners.get(_bucket(view, call)) if st.tune else None
+    if tuner is not None and tuner.winner is not None and not _alg.get(collective, tuner.winner).why_not(view):
+        choice = tuner.choice(tuner.winner)
+        del choice["tuner"]
+        return choice
+    ckey = (collective, call.count, call.itemsize, call.params, st.generation, view.on_device)
+    choice = g.request_choices.get(ckey)
+    if choice is None:
+        native_ok = g.native_serves(call.count, call.collective.elementwise)
+        choice = _predicted_choice(view, call, profile_of(g), native_ok)
+        choice.update(collective=collective, bytes=call.count * call.itemsize)
+        g.request_choices.put(ckey, choice)
+    return choice
+
+
+def _bucket(t: Any, call: Call) -> tuple:
+    """The online tuner's bucket of a call: (collective, memory and dtype, op, size class,
+    tunables)."""
+    where = t.memory if t.on_device else ""
+    return (call.collective.name, where + str(call.dtype), call.op, (call.count * call.itemsize).bit_length(),
+            call.params)
 
 
 PRUNE = 3.0

@@ -14,19 +14,24 @@ Adding a collective is a spec here plus a schedule module in `ringmpi/schedules/
 """
 from __future__ import annotations
 
+import inspect
 import weakref
 from typing import Any, Sequence
 
 import numpy as np
 
 from .backend import Phantom, phantom
-from .api import Edge, call_plan, execute, flat_view, group, label, send_recv_plan
+from .api import Edge, call_plan, execute, flat_view, group, label, request, send_recv_plan
+from .requests import Persistent, Request, progress, testall, waitall
 from .call import Call, block_counts, offsets
 from .ops import OPS
 from .transport import IN_PLACE, LAST, PLANS
 
 #: the public calls (re-exported by `ringmpi`); the specs are `SPECS` and `spec(name)`
-__all__ = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "shift", "shared_empty"]
+__all__ = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "shift", "shared_empty",
+           "iallreduce", "ireduce_scatter", "iallgather", "ibroadcast", "ireduce", "ialltoall",
+           "allreduce_init", "reduce_scatter_init", "allgather_init", "broadcast_init", "reduce_init", "alltoall_init",
+           "Request", "Persistent", "waitall", "testall", "progress"]
 
 
 def _fold(op: str, arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -183,7 +188,7 @@ class _ReduceScatter(Collective):
     def input_count(self, count, p):
         return count * p
 
-    def prepare(self, e, sendbuf, recvbuf, op, counts):
+    def prepare(self, e, sendbuf, recvbuf, op, counts=None):
         inplace = recvbuf is not None and recvbuf is sendbuf
         send = e.array("sendbuf", sendbuf, writable=inplace)
         opn = e.op(op, send.dtype)
@@ -226,7 +231,7 @@ class _ReduceScatter(Collective):
             t.copy(out, call.recv)
 
     def direct(self, t, call, args, choice, slow, tuner=None):
-        if call.inplace or args["counts"] is not None or not call.count or call.count % t.size:
+        if call.inplace or args.get("counts") is not None or not call.count or call.count % t.size:
             return None  # ringmpi's in-place result sits in block r, MPI's at the front
         return send_recv_plan(t, "Reduce_scatter_block", call.op, (call.count // t.size,), args["sendbuf"].dtype,
                               "reduce_scatter/mpi", choice, slow, tuner)
@@ -238,7 +243,7 @@ class _Allgather(Collective):
     def busbw_factor(self, p):
         return (p - 1) / p
 
-    def prepare(self, e, sendbuf, recvbuf, counts):
+    def prepare(self, e, sendbuf, recvbuf, counts=None):
         p, r = e.t.size, e.t.rank
         inplace = recvbuf is not None and recvbuf is sendbuf
         buf = e.array("sendbuf", sendbuf, writable=inplace)
@@ -284,7 +289,7 @@ class _Allgather(Collective):
         t.library("Allgatherv", IN_PLACE if call.inplace else call.send, [call.recv, (list(call.counts), displs)])
 
     def direct(self, t, call, args, choice, slow, tuner=None):
-        if args["counts"] is not None:
+        if args.get("counts") is not None:
             return None
         return send_recv_plan(t, "Allgather", None, (call.count,), args["sendbuf"].dtype, "allgather/mpi", choice,
                               slow, tuner)
@@ -295,7 +300,7 @@ class _Broadcast(Collective):
     elementwise = True
     send_arg, recv_arg = "buf", None
 
-    def prepare(self, e, buf, root, segments):
+    def prepare(self, e, buf, root, segments=None):
         flat = e.array("buf", buf, writable=True)
         root = e.root(root)
         params = () if segments is None else (("segments", e.integer("segments", segments, 1)),)
@@ -648,6 +653,37 @@ def alltoall(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, comm: An
     return _through(_LAST_ALLTOALL, plan, sendbuf, recvbuf, None, comm, algorithm)
 
 
+# -- requests: the same calls nonblocking (i...) and persistent (..._init) ------------------
+
+def _as_request(blocking: Any, spec: Collective, persistent: bool) -> Any:
+    """The nonblocking or persistent form of public function `blocking`: its arguments
+    (the same names and defaults), a `ringmpi.requests.Request` or `Persistent` back."""
+    sig = inspect.signature(blocking)
+    name = f"{spec.name}_init" if persistent else f"i{spec.name}"
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as err:
+            raise TypeError(f"ringmpi.{name}: {err}") from None
+        bound.apply_defaults()
+        given = dict(bound.arguments)
+        comm, algorithm = given.pop("comm"), given.pop("algorithm")
+        return request(spec, comm, algorithm, given, persistent)
+    call.__name__ = call.__qualname__ = name
+    call.__signature__ = sig.replace(return_annotation="ringmpi.Persistent" if persistent else "ringmpi.Request")
+    what = ("Bind the buffers and arguments of `ringmpi.{0}` once, as a persistent request (MPI-4's "
+            "MPI_{1}_init): `start()` begins a call, `wait()` returns its result, as often as wanted; `free()`."
+            if persistent else
+            "Begin `ringmpi.{0}` as a request (MPI-3's MPI_I{1}): `wait()` returns what `{0}` returns, "
+            "`test()` says whether it is complete; computation may run meanwhile.")
+    call.__doc__ = what.format(spec.name, spec.name.capitalize()) + (
+        "\n\nArguments, algorithms and errors as in `ringmpi.{0}`; requests on one communicator begin in the "
+        "same order on every rank and complete in any order. The shared-memory algorithms run blocking calls "
+        "only.").format(spec.name)
+    return call
+
+
 def shift(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, offset: int = 1,
           comm: Any = None) -> np.ndarray:
     """One ring round: send to rank+offset, receive from rank-offset (one MPI_Sendrecv)."""
@@ -665,6 +701,12 @@ def shift(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, offset: int
     finally:
         t.end()
     return _result(recvbuf, recv, sendbuf.shape)
+
+
+iallreduce, ireduce_scatter, iallgather, ibroadcast, ireduce, ialltoall = (
+    _as_request(f, SPECS[f.__name__], False) for f in (allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall))
+allreduce_init, reduce_scatter_init, allgather_init, broadcast_init, reduce_init, alltoall_init = (
+    _as_request(f, SPECS[f.__name__], True) for f in (allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall))
 
 
 def shared_empty(shape: int | Sequence[int], dtype: Any = np.float64, *, comm: Any = None) -> np.ndarray:

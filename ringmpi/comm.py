@@ -36,14 +36,15 @@ from __future__ import annotations
 import operator
 import weakref
 from collections import Counter
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
 from . import collectives as _c
-from .api import algorithms
+from .api import algorithms, request
 from .errors import RingmpiUsageError
 from .ops import SUPPORTED_DTYPES, check_op_dtype
 from .transport import GENERATION, LAST
@@ -340,6 +341,11 @@ class Comm(MPI.Intracomm):
         PASSED["Allreduce"] += 1
         super().Allreduce(sendbuf, recvbuf, op)
 
+    @staticmethod
+    def _allreduce(sendbuf: Any, recvbuf: Any, op: Any) -> "_Served | None":
+        got = _reduction(sendbuf, recvbuf, op)
+        return None if got is None else _Served("allreduce", dict(sendbuf=got[0], recvbuf=got[1], op=got[2]))
+
     def _remember(self, sendbuf: Any, recvbuf: Any, op: Any, sv: np.ndarray, rv: np.ndarray) -> None:
         """Keep the plan ringmpi's allreduce memo holds for these very arrays (plain ndarrays
         that needed no view), so that the next identical call goes straight to it."""
@@ -357,64 +363,80 @@ class Comm(MPI.Intracomm):
                             None if in_place else sendbuf.dtype)
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0) -> None:
-        CALLS["Reduce"] += 1
-        rank, p = self.Get_rank(), self.Get_size()
-        if type(root) is int and 0 <= root < p:
-            if rank == root:
-                got = _reduction(sendbuf, recvbuf, op)
-                if got is not None:
-                    sv, rv, name = got
-                    _c.reduce(sv, rv, root, op=name, comm=self, algorithm=self._alg("reduce"))
-                    return
-            else:
-                s = None if _in_place(sendbuf) else _message(sendbuf, False)
-                sv = s and s.take()
-                if sv is not None and sv.size and (name := _op(op, sv.dtype)):
-                    _c.reduce(sv, None, root, op=name, comm=self, algorithm=self._alg("reduce"))
-                    return
-        PASSED["Reduce"] += 1
-        super().Reduce(sendbuf, recvbuf, op, root)
+        if not self._serve("Reduce", self._reduce(sendbuf, recvbuf, op, root)):
+            super().Reduce(sendbuf, recvbuf, op, root)
+
+    def _reduce(self, sendbuf: Any, recvbuf: Any, op: Any, root: Any) -> "_Served | None":
+        if type(root) is not int or not 0 <= root < self.Get_size():
+            return None
+        if self.Get_rank() == root:
+            got = _reduction(sendbuf, recvbuf, op)
+            return None if got is None else _Served("reduce", dict(sendbuf=got[0], recvbuf=got[1], root=root,
+                                                                   op=got[2]))
+        s = None if _in_place(sendbuf) else _message(sendbuf, False)
+        sv = s and s.take()
+        if sv is not None and sv.size and (name := _op(op, sv.dtype)):
+            return _Served("reduce", dict(sendbuf=sv, recvbuf=None, root=root, op=name))
+        return None
 
     def Bcast(self, buf: Any, root: int = 0) -> None:
-        CALLS["Bcast"] += 1
-        p = self.Get_size()
-        if type(root) is int and 0 <= root < p:
-            sending = self.Get_rank() == root
-            m = _message(buf, not sending)
-            v = m and m.take()
-            if v is not None and v.size:
-                if sending and not v.flags.writeable:
-                    v = v.copy()      # ringmpi's broadcast takes one writable buffer; the root's is only read
-                _c.broadcast(v, root, comm=self, algorithm=self._alg("broadcast"))
-                return
-        PASSED["Bcast"] += 1
-        super().Bcast(buf, root)
+        if not self._serve("Bcast", self._bcast(buf, root)):
+            super().Bcast(buf, root)
+
+    def _bcast(self, buf: Any, root: Any) -> "_Served | None":
+        if type(root) is not int or not 0 <= root < self.Get_size():
+            return None
+        sending = self.Get_rank() == root
+        m = _message(buf, not sending)
+        v = m and m.take()
+        if v is None or not v.size:
+            return None
+        if sending and not v.flags.writeable:
+            v = v.copy()      # ringmpi's broadcast takes one writable buffer; the root's is only read
+        return _Served("broadcast", dict(buf=v, root=root))
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
-        if not self._blocks("Allgather", _c.allgather, sendbuf, recvbuf, whole_send=False):
+        if not self._serve("Allgather", self._blocks("allgather", sendbuf, recvbuf, whole_send=False)):
             super().Allgather(sendbuf, recvbuf)
 
-    def _blocks(self, name: str, fn: Any, sendbuf: Any, recvbuf: Any, whole_send: bool) -> bool:
-        """Allgather and Alltoall through ringmpi's `fn` when both messages are arrays it
-        serves exactly (the send buffer one block, or like the receive buffer: `whole_send`);
-        False: the caller passes the call to mpi4py."""
-        CALLS[name] += 1
+    def _blocks(self, collective: str, sendbuf: Any, recvbuf: Any, whole_send: bool) -> "_Served | None":
+        """Allgather and Alltoall, when both messages are arrays ringmpi serves exactly (the
+        send buffer one block, or like the receive buffer: `whole_send`)."""
         p = self.Get_size()
         r = _message(recvbuf, True)
         rv = r and r.take(p)
-        algorithm = self._alg(fn.__name__)
-        if rv is not None and rv.size:
-            if _in_place(sendbuf):
-                fn(rv, rv, comm=self, algorithm=algorithm)
-                return True
-            s = _message(sendbuf, False)
-            sv = s and (s.take(p) if whole_send else s.take())
-            if sv is not None and sv.size * (1 if whole_send else p) == rv.size and sv.dtype == rv.dtype \
-                    and _apart(sv, rv):
-                fn(sv, rv, comm=self, algorithm=algorithm)
-                return True
-        PASSED[name] += 1
-        return False
+        if rv is None or not rv.size:
+            return None
+        if _in_place(sendbuf):
+            return _Served(collective, dict(sendbuf=rv, recvbuf=rv))
+        s = _message(sendbuf, False)
+        sv = s and (s.take(p) if whole_send else s.take())
+        if sv is not None and sv.size * (1 if whole_send else p) == rv.size and sv.dtype == rv.dtype and _apart(sv, rv):
+            return _Served(collective, dict(sendbuf=sv, recvbuf=rv))
+        return None
+
+    def _serve(self, method: str, served: "_Served | None") -> bool:
+        """Run a parsed call (`_Served`) through ringmpi; False: mpi4py serves it."""
+        CALLS[method] += 1
+        if served is None:
+            PASSED[method] += 1
+            return False
+        self._run(served)
+        return True
+
+    def _run(self, served: "_Served") -> None:
+        result = getattr(_c, served.collective)(**served.args, comm=self, algorithm=self._alg(served.collective))
+        if served.then is not None:
+            served.then(result)
+
+    def _start(self, method: str, served: "_Served | None", *args: Any) -> Any:
+        """A parsed call begun as a request of ringmpi's (`_Request`; `..._init`: bound as a
+        `_Persistent` one), or mpi4py's `method` on `args` where ringmpi does not serve it."""
+        CALLS[method] += 1
+        if served is None:
+            PASSED[method] += 1
+            return getattr(MPI.Intracomm, method)(self, *args)
+        return (_Persistent if method.endswith("_init") else _Request).make(self, served, self._alg(served.collective))
 
     def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
         CALLS["Allgatherv"] += 1
@@ -464,29 +486,70 @@ class Comm(MPI.Intracomm):
         return m.flat[:total], counts
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
-        if not self._blocks("Alltoall", _c.alltoall, sendbuf, recvbuf, whole_send=True):
+        if not self._serve("Alltoall", self._blocks("alltoall", sendbuf, recvbuf, whole_send=True)):
             super().Alltoall(sendbuf, recvbuf)
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
-        CALLS["Reduce_scatter_block"] += 1
+        if not self._serve("Reduce_scatter_block", self._scatter_block(sendbuf, recvbuf, op)):
+            super().Reduce_scatter_block(sendbuf, recvbuf, op)
+
+    def _scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any) -> "_Served | None":
         p = self.Get_size()
         r = _message(recvbuf, True)
-        if r is not None:
-            if _in_place(sendbuf):
-                full = r.take(p)
-                if full is not None and full.size and (name := _op(op, full.dtype)):
-                    self._scatter_in_place(full, [full.size // p] * p, name)
-                    return
-            else:
-                rv = r.take()
-                s = _message(sendbuf, False)
-                sv = s and s.take(p)
-                if rv is not None and sv is not None and rv.size and sv.size == rv.size * p and \
-                        sv.dtype == rv.dtype and _apart(sv, rv) and (name := _op(op, rv.dtype)):
-                    _c.reduce_scatter(sv, rv, op=name, comm=self, algorithm=self._alg("reduce_scatter"))
-                    return
-        PASSED["Reduce_scatter_block"] += 1
-        super().Reduce_scatter_block(sendbuf, recvbuf, op)
+        if r is None:
+            return None
+        if _in_place(sendbuf):
+            full = r.take(p)
+            if full is not None and full.size and (name := _op(op, full.dtype)):
+                return _in_place_scatter(full, name, None)
+            return None
+        rv = r.take()
+        s = _message(sendbuf, False)
+        sv = s and s.take(p)
+        if rv is not None and sv is not None and rv.size and sv.size == rv.size * p and \
+                sv.dtype == rv.dtype and _apart(sv, rv) and (name := _op(op, rv.dtype)):
+            return _Served("reduce_scatter", dict(sendbuf=sv, recvbuf=rv, op=name, counts=None))
+        return None
+
+    # -- nonblocking (MPI-3) and persistent (MPI-4) forms: the same parsing, as requests --
+    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> Any:
+        return self._start("Iallreduce", self._allreduce(sendbuf, recvbuf, op), sendbuf, recvbuf, op)
+
+    def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0) -> Any:
+        return self._start("Ireduce", self._reduce(sendbuf, recvbuf, op, root), sendbuf, recvbuf, op, root)
+
+    def Ibcast(self, buf: Any, root: int = 0) -> Any:
+        return self._start("Ibcast", self._bcast(buf, root), buf, root)
+
+    def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Any:
+        return self._start("Iallgather", self._blocks("allgather", sendbuf, recvbuf, False), sendbuf, recvbuf)
+
+    def Ialltoall(self, sendbuf: Any, recvbuf: Any) -> Any:
+        return self._start("Ialltoall", self._blocks("alltoall", sendbuf, recvbuf, True), sendbuf, recvbuf)
+
+    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> Any:
+        return self._start("Ireduce_scatter_block", self._scatter_block(sendbuf, recvbuf, op), sendbuf, recvbuf, op)
+
+    def Allreduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, info: Any = MPI.INFO_NULL) -> Any:
+        return self._start("Allreduce_init", self._allreduce(sendbuf, recvbuf, op), sendbuf, recvbuf, op, info)
+
+    def Reduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0,
+                    info: Any = MPI.INFO_NULL) -> Any:
+        return self._start("Reduce_init", self._reduce(sendbuf, recvbuf, op, root), sendbuf, recvbuf, op, root, info)
+
+    def Bcast_init(self, buf: Any, root: int = 0, info: Any = MPI.INFO_NULL) -> Any:
+        return self._start("Bcast_init", self._bcast(buf, root), buf, root, info)
+
+    def Allgather_init(self, sendbuf: Any, recvbuf: Any, info: Any = MPI.INFO_NULL) -> Any:
+        return self._start("Allgather_init", self._blocks("allgather", sendbuf, recvbuf, False), sendbuf, recvbuf, info)
+
+    def Alltoall_init(self, sendbuf: Any, recvbuf: Any, info: Any = MPI.INFO_NULL) -> Any:
+        return self._start("Alltoall_init", self._blocks("alltoall", sendbuf, recvbuf, True), sendbuf, recvbuf, info)
+
+    def Reduce_scatter_block_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,
+                                  info: Any = MPI.INFO_NULL) -> Any:
+        return self._start("Reduce_scatter_block_init", self._scatter_block(sendbuf, recvbuf, op), sendbuf, recvbuf,
+                           op, info)
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Sequence[int] | None = None,
                        op: Any = MPI.SUM) -> None:
@@ -498,7 +561,7 @@ class Comm(MPI.Intracomm):
             if _in_place(sendbuf):
                 counts = _counts(recvcounts, p)
                 if counts is not None and sum(counts) == rv.size and rv.size and (name := _op(op, rv.dtype)):
-                    self._scatter_in_place(rv, counts, name)
+                    self._run(_in_place_scatter(rv, name, counts))
                     return
             else:
                 s = _message(sendbuf, False)
@@ -517,12 +580,109 @@ class Comm(MPI.Intracomm):
         PASSED["Reduce_scatter"] += 1
         super().Reduce_scatter(sendbuf, recvbuf, recvcounts, op)
 
-    def _scatter_in_place(self, full: np.ndarray, counts: list[int], op: str) -> None:
-        """MPI's in-place reduce-scatter: the input is the whole receive buffer, this rank's
-        block of the result goes to its start, and the rest of the buffer is left as it was."""
-        mine = _c.reduce_scatter(full, None, op=op, comm=self, algorithm=self._alg("reduce_scatter"),
-                                 counts=None if len(set(counts)) == 1 else counts)
+
+
+@dataclass
+class _Served:
+    """An mpi4py call ringmpi serves, parsed: the collective, its public function's
+    arguments (views of the caller's memory), and what to do with the result once the call
+    is complete (MPI's in-place reduce-scatter moves this rank's block to the front)."""
+    collective: str
+    args: dict
+    then: Callable[[Any], None] | None = None
+
+
+def _in_place_scatter(full: np.ndarray, op: str, counts: list[int] | None) -> _Served:
+    """MPI's in-place reduce-scatter: the input is the whole receive buffer, this rank's
+    block of the result goes to its start, and the rest of the buffer is left as it was."""
+    def front(mine: np.ndarray) -> None:
         full[:mine.size] = mine
+    return _Served("reduce_scatter", dict(sendbuf=full, recvbuf=None, op=op,
+                                          counts=None if counts is None or len(set(counts)) == 1 else counts), front)
+
+
+def _query(status: Any) -> None:
+    status.Set_source(MPI.UNDEFINED)
+    status.Set_tag(MPI.UNDEFINED)
+    status.Set_error(MPI.SUCCESS)
+
+
+def _nothing(*_: Any) -> None:
+    pass
+
+
+class _Request(MPI.Grequest):
+    """What the drop-in's nonblocking calls return: an MPI generalized request (the MPI
+    standard's way for a library to hand out requests of its own), completed by ringmpi
+    when its call is (`MPI.Grequest.Complete`), so that everything an `MPI.Request` does
+    works with it: its own `Wait` and `Test` (which advance the call here, at a blocking
+    call's speed), and `MPI.Request.Waitall`/`Waitany`/`Testall` over a mix of ringmpi's and
+    mpi4py's requests, which MPI itself waits for: MPI's generalized requests have no
+    progress callback (MPICH's MPIX_Grequest_start has one, mpi4py does not expose it), so
+    these calls run on ringmpi's progress thread, whatever RINGMPI_PROGRESS says. An error
+    of the call is raised by `Wait`/`Test`; MPI's class-level waits see the request complete."""
+    _ring: Any = None
+
+    @classmethod
+    def make(cls, comm: "Comm", served: _Served, algorithm: str) -> "_Request":
+        req = cls(MPI.Grequest.Start(_query, _nothing, _nothing))
+        then = served.then
+
+        def done(ring: Any) -> None:
+            if then is not None and ring.error is None:
+                then(ring.result)
+            req.Complete()
+        try:
+            req._ring = request(_c.SPECS[served.collective], comm, algorithm, served.args, on_done=done)
+        except BaseException:
+            req.Complete()
+            MPI.Grequest.Wait(req)
+            raise
+        return req
+
+    def Wait(self, status: Any = None) -> Literal[True]:
+        try:
+            self._ring.wait()
+        finally:
+            MPI.Grequest.Wait(self, status)
+        return True
+
+    def Test(self, status: Any = None) -> bool:
+        if not self._ring.test():
+            return False
+        return MPI.Grequest.Wait(self, status)
+
+
+class _Persistent(MPI.Prequest):
+    """What the drop-in's persistent calls (`Allreduce_init`, ...) return: a ringmpi
+    persistent request behind mpi4py's `Prequest` methods (`Start`, `Wait`, `Test`,
+    `Free`). MPI has no persistent generalized request, so MPI's class-level calls
+    (`MPI.Prequest.Startall`, `MPI.Request.Waitall`) see a null request here: use the
+    methods."""
+    _ring: Any = None
+    _then: Any = None
+
+    @classmethod
+    def make(cls, comm: "Comm", served: _Served, algorithm: str) -> "_Persistent":
+        req = cls()
+        req._ring = request(_c.SPECS[served.collective], comm, algorithm, served.args, persistent=True)
+        req._then = served.then
+        return req
+
+    def Start(self) -> None:
+        self._ring.start()
+
+    def Wait(self, status: Any = None) -> Literal[True]:
+        result = self._ring.wait()
+        if self._then is not None and self._ring.request is not None:
+            self._then(result)
+        return True
+
+    def Test(self, status: Any = None) -> bool:
+        return self._ring.test() and self.Wait(status)
+
+    def Free(self) -> None:
+        self._ring.free()
 
 
 def _predefined(name: str) -> Any:

@@ -321,6 +321,10 @@ class DeviceGroup(CountedMemory, PrivateMemory, ReceiveThenReduce):
     on_device = True    # the shared-memory and hierarchical algorithms say they cannot run here
 
     @property
+    def nonblocking(self) -> bool:
+        return self.parent.nonblocking
+
+    @property
     def counters(self) -> Counters:
         return self.parent.counters
 

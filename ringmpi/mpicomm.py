@@ -33,6 +33,7 @@ order) by reducing order-preserving integer keys instead of the floats.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import functools
 import threading
@@ -44,7 +45,7 @@ from typing import Any, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from . import stall
+from . import requests, stall
 from .backend import NUMPY, ArrayBackend, ScratchPool
 from .device import DeviceGroup, Support
 from .errors import RingmpiError
@@ -52,7 +53,7 @@ from .ops import CANONICAL, OPS, op_name
 from .settings import log, settings
 from .transport import IN_PLACE, LRU, CountedMemory, Counters, PrivateMemory, ReceiveThenReduce, forget_plans, split_nodes
 
-__all__ = ["MPI", "MPITransport", "transport", "world_position", "abort_on_exception", "selection_default", "library_version", "mpi_standard", "mpi4py_version", "INT_MAX", "cuda_support"]
+__all__ = ["MPI", "MPITransport", "RequestView", "transport", "world_position", "abort_on_exception", "selection_default", "library_version", "mpi_standard", "mpi4py_version", "INT_MAX", "cuda_support"]
 
 INT_MAX = 2**31 - 1
 _MPI_OPS = {name: getattr(MPI, "SUM" if name == "AVG" else name) for name in OPS}  # AVG: a SUM, then / p
@@ -134,7 +135,109 @@ def _pieces(buf: np.ndarray | None, max_count: int) -> list[np.ndarray]:
     return [buf[i:i + max_count] for i in range(0, buf.size, max_count)]
 
 
-class MPITransport(CountedMemory, PrivateMemory, ReceiveThenReduce):
+class _Wire(CountedMemory, PrivateMemory, ReceiveThenReduce):
+    """The data plane over `self.comm`, every message with tag `self.tag`: what the blocking
+    transport (`MPITransport`) and a request's suspending one (`RequestView`) share. Each
+    says how it waits: `_sendrecv` and `exchange` for its messages, `_invoke` for MPI's own
+    collective."""
+    nonblocking = False
+    on_device = False
+    comm: Any
+    tag: int
+    max_count: int
+    pool: ScratchPool
+
+    def sendrecv(self, sendbuf: np.ndarray | None, dest: int | None,
+                 recvbuf: np.ndarray | None, source: int | None) -> None:
+        """One MPI_Sendrecv (split into several when a side exceeds max_count elements)."""
+        self._sendrecv(_pieces(None if dest is None else sendbuf, self.max_count), dest,
+                       _pieces(None if source is None else recvbuf, self.max_count), source)
+
+    def sendrecv_bytes(self, send: tuple[int, int] | None, dest: int | None,
+                       recv: tuple[int, int] | None, source: int | None) -> None:
+        """One MPI_Sendrecv of raw memory given as (address, bytes), MPI_BYTE (a CUDA-aware
+        MPI: device addresses; split above the C-int count limit)."""
+        self._sendrecv(_byte_pieces(None if dest is None else send, self.max_count), dest,
+                       _byte_pieces(None if source is None else recv, self.max_count), source)
+
+    def _sendrecv(self, sp: list, dest: int | None, rp: list, source: int | None) -> None:
+        raise NotImplementedError
+
+    def _post(self, sends: Sequence[tuple[Any, int]], recvs: Sequence[tuple[Any, int]]) -> list:
+        """Isend/Irecv of every (buffer, peer), pieces of at most max_count elements, counted."""
+        self.counters.calls += 1
+        reqs, tag, comm = [], self.tag, self.comm
+        for buf, src in recvs:
+            reqs += [comm.Irecv(p, src, tag) for p in _pieces(buf, self.max_count)]
+        for buf, dest in sends:
+            for p in _pieces(buf, self.max_count):
+                reqs.append(comm.Isend(p, dest, tag))
+                self.counters.messages += 1
+                self.counters.bytes_sent += p.nbytes
+        return reqs
+
+    def _post_pairs(self, sp: list, dest: int | None, rp: list, source: int | None) -> list:
+        """`_sendrecv`'s pieces posted at once (Irecv then Isend), counted."""
+        self.counters.calls += 1
+        reqs, tag, comm = [], self.tag, self.comm
+        reqs += [comm.Irecv(r, source, tag) for r in rp]
+        for s in sp:
+            reqs.append(comm.Isend(s, dest, tag))
+            self.counters.messages += 1
+            self.counters.bytes_sent += s.nbytes
+        return reqs
+
+    def _invoke(self, function: str, args: list) -> None:
+        raise NotImplementedError
+
+    # -- local work (the array backend) --------------------------------------------------
+    def empty(self, n: int, dtype: Any) -> np.ndarray:
+        return self.pool.take(n, dtype)
+
+    # -- the MPI library's own collectives ----------------------------------------------
+    def native(self, call: Any) -> None:
+        """The library's own collective: the call's spec knows which MPI function it is."""
+        call.collective.mpi(self, call)
+
+    def library(self, function: str, *args: Any) -> None:
+        """Call communicator method `function` (e.g. "Allreduce") with ringmpi's arguments
+        (arrays, IN_PLACE, op names), following ringmpi's rules for counts and NaN."""
+        op = next((a for a in args if isinstance(a, str)), None)
+        arrays = [a for a in args if isinstance(a, np.ndarray)]
+        if op in ("MAX", "MIN") and arrays and arrays[-1].dtype.kind == "f":
+            self._nan_propagating(function, args, op)
+            return
+        if function in _ELEMENTWISE and max((a.size for a in arrays), default=0) > self.max_count:
+            self._in_pieces(function, args, arrays)
+            return
+        self._invoke(function, [MPI.IN_PLACE if a is IN_PLACE else _MPI_OPS[a] if isinstance(a, str) else a
+                                for a in args])
+
+    def native_serves(self, count: int, elementwise: bool) -> bool:
+        """Whether the library's own collective can take a call of `count` elements."""
+        return elementwise or count <= self.max_count
+
+    def _in_pieces(self, function: str, args: tuple, arrays: list) -> None:
+        """An element-wise collective above the count limit: the same call on consecutive
+        pieces of every buffer."""
+        n = max(a.size for a in arrays)
+        if settings().info and self.rank == 0:
+            log(f"{function} of {n} elements: above the MPI count limit {self.max_count}, "
+                      f"called in {-(-n // self.max_count)} pieces")
+        for lo in range(0, n, self.max_count):
+            self.library(function, *(a[lo:lo + self.max_count] if isinstance(a, np.ndarray) else a for a in args))
+
+    def _nan_propagating(self, function: str, args: tuple, op: str) -> None:
+        """MAX/MIN of floats as the library's MAX/MIN of integer keys that order like the
+        floats, NaN (made canonical) being the largest key for MAX and the smallest for MIN."""
+        keyed = [_float_keys(self, a, op) if isinstance(a, np.ndarray) else a for a in args]
+        self.library(function, *keyed)
+        arrays = [i for i, a in enumerate(args) if isinstance(a, np.ndarray)]
+        if any(a is IN_PLACE for a in args) or len(arrays) > 1:  # the last buffer is the result (not on a reduce's non-root)
+            _from_keys(keyed[arrays[-1]], args[arrays[-1]])
+
+
+class MPITransport(_Wire):
     """Point-to-point transport and per-communicator state over one intracommunicator."""
 
     def __init__(self, user: "MPI.Intracomm", *, backend: ArrayBackend = NUMPY, max_count: int = INT_MAX) -> None:
@@ -145,11 +248,13 @@ class MPITransport(CountedMemory, PrivateMemory, ReceiveThenReduce):
         self.max_count = max_count
         self.counters = Counters()
         self.pool = ScratchPool(backend)
-        self.seq = 0                      # calls so far (the same on every rank): the tag, and the stall watch
+        self.seq = 0                      # calls begun so far (the same on every rank): the tag
+        self.current = 0                  # the call a caller is in or waits for (the stall watch)
         self.tag = 0
         self.waiting_for: list[int] | None = None   # ranks a call is known to wait for (stall messages)
         self.profile: Any = None          # ringmpi.cost.Profile, read once (ringmpi.auto)
         self.choices = LRU(256)           # auto's decisions per call shape
+        self.request_choices = LRU(256)   # the same for requests (some algorithms run blocking only)
         self.last_choice: dict | None = None
         self.freed = False
         self.wire = False                 # (see below: set once the channels exist)
@@ -181,7 +286,10 @@ class MPITransport(CountedMemory, PrivateMemory, ReceiveThenReduce):
         so no message of one call can match another call, nor a call of another collective
         or algorithm that a mistaken rank makes at the same place (that wait is named and
         ended by the stall inspector instead of giving a silently wrong result)."""
+        if requests.in_flight():
+            requests.progress()
         self.seq += 1
+        self.current = self.seq
         self._label_tag(name)
         self.pool.reset()
         self.busy = name
@@ -193,19 +301,19 @@ class MPITransport(CountedMemory, PrivateMemory, ReceiveThenReduce):
         self._label_tag(label)
 
     def _label_tag(self, label: str) -> None:
-        self.tag = (self.seq * _SALTS + (_SALT.get(label) or _salt(label))) % self._tags
+        self.tag = _tag(self.seq, label, self._tags)
 
     def end(self) -> None:
         self.busy = None
         self.waiting_for = None
 
-    def failed(self, err: BaseException) -> BaseException:
+    def failed(self, err: BaseException, label: str | None = None, seq: int | None = None) -> BaseException:
         """The call in flight raised on this rank after it began (its body, or MPI itself):
         the other ranks may be waiting for this one inside the call, so they are told
         (`stall.announce`: they abort the job if they are still in it a few seconds later,
         naming this rank and the error). An MPI error comes back with ringmpi's prefix and
         what it most likely means; any other exception as it is."""
-        label = self.busy or "a collective"
+        label = label or self.busy or "a collective"
         if isinstance(err, MPI.Exception):
             why = _MPI_HINTS.get(err.Get_error_class(), "the ranks' calls may differ")
             text = (err.Get_error_string().strip().splitlines() or [""])[0]
@@ -213,7 +321,7 @@ class MPITransport(CountedMemory, PrivateMemory, ReceiveThenReduce):
             err = RingmpiError(f"ringmpi.{label.split('/')[0]} (rank {self.rank} of {self.size}): {label} failed in "
                                f"MPI ({name}: {text}): {why}; RINGMPI_CHECK=1 compares every rank's call before "
                                "any message")
-        stall.announce(self, ("fail", self.seq, f"{type(err).__name__}: {err}"))
+        stall.announce(self, ("fail", self.current if seq is None else seq, f"{type(err).__name__}: {err}"))
         return err
 
     # -- the stall inspector's notes (`ringmpi.stall`), sent and read on its thread ------
@@ -236,22 +344,13 @@ class MPITransport(CountedMemory, PrivateMemory, ReceiveThenReduce):
             self._posted = [r for r in self._posted if not r.Test()]
             time.sleep(0.001)
 
-    # -- data movement -------------------------------------------------------------------
-    def sendrecv(self, sendbuf: np.ndarray | None, dest: int | None,
-                 recvbuf: np.ndarray | None, source: int | None) -> None:
-        """One MPI_Sendrecv (split into several when a side exceeds max_count elements)."""
-        self._sendrecv(_pieces(None if dest is None else sendbuf, self.max_count), dest,
-                       _pieces(None if source is None else recvbuf, self.max_count), source)
-
-    def sendrecv_bytes(self, send: tuple[int, int] | None, dest: int | None,
-                       recv: tuple[int, int] | None, source: int | None) -> None:
-        """One MPI_Sendrecv of raw memory given as (address, bytes), MPI_BYTE (a CUDA-aware
-        MPI: device addresses; split above the C-int count limit)."""
-        self._sendrecv(_byte_pieces(None if dest is None else send, self.max_count), dest,
-                       _byte_pieces(None if source is None else recv, self.max_count), source)
-
+    # -- data movement: blocking (beside requests in flight, tested in turn with them) ---
     def _sendrecv(self, sp: list, dest: int | None, rp: list, source: int | None) -> None:
         """Pieces sp[i] and rp[i] in one MPI_Sendrecv each (a missing side: MPI_PROC_NULL)."""
+        if requests.in_flight():
+            self._beside_requests(self._post_pairs(sp, dest if sp else MPI.PROC_NULL, rp,
+                                                   source if rp else MPI.PROC_NULL))
+            return
         self.counters.calls += 1
         tag = self.tag
         for i in range(max(len(sp), len(rp), 1)):
@@ -266,62 +365,36 @@ class MPITransport(CountedMemory, PrivateMemory, ReceiveThenReduce):
     def exchange(self, sends: Sequence[tuple[np.ndarray, int]],
                  recvs: Sequence[tuple[np.ndarray, int]]) -> None:
         """Post every receive and send at once, then wait for all (root fan-in / fan-out)."""
-        self.counters.calls += 1
-        reqs, tag = [], self.tag
-        for buf, src in recvs:
-            reqs += [self.comm.Irecv(p, src, tag) for p in _pieces(buf, self.max_count)]
-        for buf, dest in sends:
-            for p in _pieces(buf, self.max_count):
-                reqs.append(self.comm.Isend(p, dest, tag))
-                self.counters.messages += 1
-                self.counters.bytes_sent += p.nbytes
+        reqs = self._post(sends, recvs)
+        if requests.in_flight():
+            self._beside_requests(reqs)
+            return
         MPI.Request.Waitall(reqs)
 
-    # -- local work (the array backend) --------------------------------------------------
-    def empty(self, n: int, dtype: Any) -> np.ndarray:
-        return self.pool.take(n, dtype)
+    def _invoke(self, function: str, args: list) -> None:
+        getattr(self.comm, function)(*args)
 
-    # -- the MPI library's own collectives ----------------------------------------------
-    def native(self, call: Any) -> None:
-        """The library's own collective: the call's spec knows which MPI function it is."""
-        call.collective.mpi(self, call)
+    @staticmethod
+    def _beside_requests(reqs: list) -> None:
+        """Wait for `reqs` while advancing this thread's requests in flight (MPI's progress
+        rule: another rank may wait for one of them before it comes to this call)."""
+        requests.engine().alongside(lambda: MPI.Request.Testall(reqs))
 
-    def library(self, function: str, *args: Any) -> None:
-        """Call communicator method `function` (e.g. "Allreduce") with ringmpi's arguments
-        (arrays, IN_PLACE, op names), following ringmpi's rules for counts and NaN."""
-        op = next((a for a in args if isinstance(a, str)), None)
-        arrays = [a for a in args if isinstance(a, np.ndarray)]
-        if op in ("MAX", "MIN") and arrays and arrays[-1].dtype.kind == "f":
-            self._nan_propagating(function, args, op)
-            return
-        if function in _ELEMENTWISE and max((a.size for a in arrays), default=0) > self.max_count:
-            self._in_pieces(function, args, arrays)
-            return
-        conv = [MPI.IN_PLACE if a is IN_PLACE else _MPI_OPS[a] if isinstance(a, str) else a for a in args]
-        getattr(self.comm, function)(*conv)
+    def request_view(self, label: str) -> "RequestView":
+        """A fresh suspending transport for one request of `label` (its sequence number and
+        tag taken now: requests begin in the same order on every rank)."""
+        self.seq += 1
+        return RequestView(self, self.seq, _tag(self.seq, label, self._tags), label)
 
-    def native_serves(self, count: int, elementwise: bool) -> bool:
-        """Whether the library's own collective can take a call of `count` elements."""
-        return elementwise or count <= self.max_count
-
-    def _in_pieces(self, function: str, args: tuple, arrays: list) -> None:
-        """An element-wise collective above the count limit: the same call on consecutive
-        pieces of every buffer."""
-        n = max(a.size for a in arrays)
-        if settings().info and self.rank == 0:
-            log(f"{function} of {n} elements: above the MPI count limit {self.max_count}, "
-                      f"called in {-(-n // self.max_count)} pieces")
-        for lo in range(0, n, self.max_count):
-            self.library(function, *(a[lo:lo + self.max_count] if isinstance(a, np.ndarray) else a for a in args))
-
-    def _nan_propagating(self, function: str, args: tuple, op: str) -> None:
-        """MAX/MIN of floats as the library's MAX/MIN of integer keys that order like the
-        floats, NaN (made canonical) being the largest key for MAX and the smallest for MIN."""
-        keyed = [_float_keys(self, a, op) if isinstance(a, np.ndarray) else a for a in args]
-        self.library(function, *keyed)
-        arrays = [i for i, a in enumerate(args) if isinstance(a, np.ndarray)]
-        if any(a is IN_PLACE for a in args) or len(arrays) > 1:  # the last buffer is the result (not on a reduce's non-root)
-            _from_keys(keyed[arrays[-1]], args[arrays[-1]])
+    @contextlib.contextmanager
+    def watching(self, label: str, seq: int) -> Any:
+        """A caller waits for call `seq` (a request): the stall inspector watches it."""
+        before = self.busy, self.current
+        self.busy, self.current = label, seq
+        try:
+            yield
+        finally:
+            self.busy, self.current = before
 
     def op_name(self, op: Any) -> str:
         """'SUM' for MPI.SUM, "sum" or "SUM"; a clear error for other ops."""
@@ -481,11 +554,95 @@ class MPITransport(CountedMemory, PrivateMemory, ReceiveThenReduce):
                 c.Free()
 
 
+class RequestView(_Wire):
+    """The transport one request's body runs on (`ringmpi.requests`): the same messages and
+    tag rules as the blocking transport, but each exchange posts its messages (or MPI's own
+    nonblocking collective, "I" + the function) and suspends the body until the engine finds
+    them complete. Its scratch is its own: a blocking call beside it resets the
+    communicator's. What a request cannot do: the shared-memory algorithms wait for their
+    peers by spinning on flags in memory, which a suspended body cannot (they refuse)."""
+    nonblocking = True
+
+    def __init__(self, group: MPITransport, seq: int, tag: int, label: str) -> None:
+        self.group, self.label = group, label
+        self.comm = group.comm
+        self.rank, self.size = group.rank, group.size
+        self.backend, self.max_count, self.counters = group.backend, group.max_count, group.counters
+        self.pool = ScratchPool(self.backend)
+        self.seq, self.tag = seq, tag
+        self.pending: list = []              # the MPI requests the body waits for
+        self.suspend: Any = None             # set by the engine: switches back to who advanced the body
+        self.devices: dict = {}
+
+    def failed(self, err: BaseException) -> BaseException:
+        """The request's body raised (see `MPITransport.failed`): its own call is named."""
+        return self.group.failed(err, self.label, self.seq)
+
+    def again(self, label: str) -> None:
+        """A persistent request starts again: the next sequence number and tag, scratch reset."""
+        g = self.group
+        g.seq += 1
+        self.seq, self.tag, self.label = g.seq, _tag(g.seq, label, g._tags), label
+        self.pool.reset()
+
+    def _await(self, reqs: list) -> None:
+        if reqs:
+            self.pending = reqs
+            self.suspend()
+            self.pending = []
+
+    def _sendrecv(self, sp: list, dest: int | None, rp: list, source: int | None) -> None:
+        self._await(self._post_pairs(sp, dest, rp, source))
+
+    def exchange(self, sends: Sequence[tuple[Any, int]], recvs: Sequence[tuple[Any, int]]) -> None:
+        self._await(self._post(sends, recvs))
+
+    def _invoke(self, function: str, args: list) -> None:
+        self._await([getattr(self.comm, "I" + function[0].lower() + function[1:])(*args)])
+
+    def ready(self) -> bool:
+        return MPI.Request.Testall(self.pending)
+
+    @staticmethod
+    def wait_any(views: list) -> None:
+        """Block in MPI until a message of one of `views` completes."""
+        MPI.Request.Waitany([r for v in views for r in v.pending])
+
+    @property
+    def nodes(self) -> list[int]:
+        return self.group.nodes
+
+    def shared(self) -> Any:
+        raise ValueError("shared memory runs blocking calls only (its ranks wait for each other by spinning)")
+
+    def split_nodes(self) -> tuple[Any, Any]:
+        raise ValueError("the hierarchical schedule runs blocking calls only (shared memory inside a host)")
+
+    def device(self, backend: Any, aware: bool) -> Any:
+        """This request's device transport (staging buffers of its own)."""
+        g = self.devices.get(backend.name)
+        if g is None:
+            base = self.group.device(backend, aware)
+            g = self.devices[backend.name] = DeviceGroup(self, backend, aware, base.alpha, base.beta)
+        g.aware = aware
+        g.chunk_fixed = settings().stage_chunk
+        return g
+
+    @property
+    def profile(self) -> Any:
+        return self.group.profile
+
+
 _ELEMENTWISE = ("Allreduce", "Reduce", "Bcast")
 _ERROR_CLASSES = {getattr(MPI, n): f"MPI_{n}" for n in sorted(dir(MPI), reverse=True)
                   if n.startswith("ERR_") and isinstance(getattr(MPI, n), int) and n != "ERR_LASTCODE"}
 _SALTS = 251                 # (prime) labels per sequence number in the tag space
 _SALT: dict[str, int] = {}   # label -> 1 .. _SALTS-1, the same in every process (not hash())
+
+
+def _tag(seq: int, label: str, tags: int) -> int:
+    """The tag of call `seq` running `label`: tags salted by what runs (see `begin`)."""
+    return (seq * _SALTS + (_SALT.get(label) or _salt(label))) % tags
 
 
 def _salt(label: str) -> int:

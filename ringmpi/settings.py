@@ -28,6 +28,9 @@ choices compare against.
                          exception on one rank prints its traceback and aborts the whole job
                          (MPI_Abort, like `python -m mpi4py`) instead of leaving the other
                          ranks waiting; 0: the rank exits as Python does
+    RINGMPI_PROGRESS     thread (default): a progress thread advances requests (`iallreduce`,
+                         persistent `start`) while the caller computes; calls: they advance
+                         only inside ringmpi calls (test, wait, any collective)
 """
 from __future__ import annotations
 
@@ -60,6 +63,7 @@ class Settings:
     cuda_aware: str = ""        # "", "0" or "1"
     stage_chunk: int = 0        # bytes; 0: the staging pipeline's formula
     shm_cma: bool = True
+    progress: str = "thread"    # "thread" or "calls" (ringmpi.requests)
     generation: int = 0
 
     def forced(self, collective: str) -> str | None:
@@ -117,7 +121,14 @@ def _read(env: dict, generation: int) -> Settings:
                     stall_abort=_seconds(env, "RINGMPI_STALL_ABORT", 600.0),
                     profile=env.get("RINGMPI_PROFILE", ""), cuda_aware=_choice(env, "RINGMPI_CUDA_AWARE"),
                     stage_chunk=_bytes(env, "RINGMPI_STAGE_CHUNK"), shm_cma=_choice(env, "RINGMPI_SHM_CMA") != "0",
-                    generation=generation)
+                    progress=_progress(env), generation=generation)
+
+
+def _progress(env: dict) -> str:
+    raw = env.get("RINGMPI_PROGRESS", "").strip().lower() or "thread"
+    if raw not in ("thread", "calls"):
+        raise RingmpiUsageError(f"RINGMPI_PROGRESS={env['RINGMPI_PROGRESS']!r}: expected thread or calls")
+    return raw
 
 
 def _choice(env: dict, name: str) -> str:

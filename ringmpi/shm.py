@@ -40,7 +40,7 @@ import numpy as np
 from . import cma
 from .backend import NUMPY
 from .settings import settings
-from .transport import CountedMemory, Counters
+from .transport import CountedMemory, Counters, split_nodes
 
 __all__ = ["SharedTransport", "Segment"]
 
@@ -104,6 +104,9 @@ class SharedTransport(CountedMemory):
     `group` is the MPI transport of the same ranks: it carries the collective set-up (segment
     names), the call bracket (sequence number, stall watch) and anything this transport does
     not do itself (`native`)."""
+
+    on_device = False
+    nonblocking = False
 
     def __init__(self, group: Any, arena: int = 1 << 20) -> None:
         self.group = group
@@ -239,6 +242,10 @@ class SharedTransport(CountedMemory):
     @property
     def nodes(self) -> list[int]:
         return [0] * self.size
+
+    def split_nodes(self) -> tuple[Any, Any]:
+        """One host: the node group is every rank (a hierarchical schedule's split of it)."""
+        return split_nodes(self, self.nodes)
 
     def shared(self) -> "SharedTransport":
         return self

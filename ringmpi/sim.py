@@ -127,6 +127,8 @@ UNIFORM = Network()
 
 class VirtualRank(ReceiveThenReduce):
     """The transport of one virtual rank (implements `ringmpi.transport.Transport`)."""
+    on_device = False
+    nonblocking = False
 
     def __init__(self, cluster: "VirtualCluster", rank: int) -> None:
         self.cluster = cluster

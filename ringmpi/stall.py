@@ -1,8 +1,8 @@
 """Stall inspector: nothing hangs silently, and nothing hangs for long.
 
 Every communicator's transport says, for as long as a call may wait for another rank, what
-it is `busy` with (a label), next to the call's sequence number `seq` (the same on every
-rank for the same call): the hot path pays two attribute writes, an increment and no
+it is `busy` with (a label), next to the call's sequence number `current` (the same on
+every rank for the same call; a request's while a caller waits for it): the hot path pays two attribute writes, an increment and no
 clock. A daemon thread, started when the first transport is tracked, looks at every live
 transport about once a second and remembers when it first saw each (transport, seq) busy.
 Each communicator is watched on its own, so a busy thread on one never hides a stuck one
@@ -12,7 +12,8 @@ What it knows of the other ranks comes in notes on the transport's watch channel
 (`post`/`notes`, MPI's control duplicate; they need MPI_THREAD_MULTIPLE, `t.wire`):
 
     ("ask", seq)            a rank stuck in call `seq` asks the others where they are
-    ("state", seq, label)   the answer: calls begun so far, and the one in flight ("" if none)
+    ("state", begun, current, label)   the answer: calls begun so far, the one in flight and
+                            what it runs ("" if none)
     ("fail", seq, text)     a rank's call `seq` raised after it began (`t.failed`)
     ("bye", seq)            a rank reached MPI_Finalize after `seq` calls
 
@@ -70,7 +71,7 @@ class _Peers:
     since: float = 0.0           # when it first saw that call in flight
     asked: int = 0               # the call for which the others were asked where they are
     warned: int = 0              # the call it warned about
-    states: dict = field(default_factory=dict)     # rank -> (seq, label) as answered for `asked`
+    states: dict = field(default_factory=dict)     # rank -> (begun, current, label) as answered for `asked`
     failed: dict = field(default_factory=dict)     # seq -> (rank, text, when the note came)
     finished: dict = field(default_factory=dict)   # rank -> calls it made before MPI_Finalize
     last_bye: float = 0.0        # when the last of those notes came
@@ -90,7 +91,8 @@ def die(message: str, abort: Any, code: int) -> None:
 
 
 def track(t: Any) -> None:
-    """Watch transport `t` (rank, size, abort(), `seq`, `busy`: a label or None, `wire`, and
+    """Watch transport `t` (rank, size, abort(), `seq` (calls begun), `current` (the call
+    in flight), `busy`: a label or None, `wire`, and
     with a wire `post`, `notes`, `flush`)."""
     with _LOCK:
         _TRACKED.add(t)
@@ -211,7 +213,7 @@ def _due(t: Any, known: _Peers, now: float, s: Any) -> bool:
     waits before asking (its question is answered before its deadline). Reading less often
     when nothing waits keeps the inspector's MPI calls away from a busy loop's: one probe a
     second made 8 B calls ~0.1 us slower on Open MPI (benchmarks/overhead.py)."""
-    if t.busy and known.seq == t.seq:
+    if t.busy and known.seq == t.current:
         return True
     return now - known.polled >= _ask_after(t, s.stall_warn, s.stall_abort) / 2
 
@@ -223,10 +225,10 @@ def _take_notes(t: Any, known: _Peers, now: float) -> None:
     for source, note in t.notes():
         kind = note[0]
         if kind == "ask":
-            t.post(source, ("state", t.seq, t.busy or ""))
+            t.post(source, ("state", t.seq, t.current, t.busy or ""))
         elif kind == "state" and known.asked:
-            known.states[source] = (note[1], note[2])
-        elif kind == "fail" and (note[1] < t.seq or note[1] == t.seq and not t.busy):
+            known.states[source] = (note[1], note[2], note[3])
+        elif kind == "fail" and (note[1] < t.current or note[1] == t.current and not t.busy):
             sys.stderr.write(f"ringmpi WARN: rank {source} of {t.size} failed in call {note[1]} on a communicator "
                              f"where rank {t.rank} completed it ({note[2]}); if the ranks' calls differed, the "
                              f"result of that call on rank {t.rank} is wrong too\n")
@@ -242,7 +244,7 @@ def _take_notes(t: Any, known: _Peers, now: float) -> None:
 
 def _inspect(t: Any, known: _Peers, now: float, s: Any) -> None:
     """Decide about `t`'s call in flight: nothing, ask the others, warn, or abort."""
-    seq, label = t.seq, t.busy
+    seq, label = t.current, t.busy
     if not label:
         return
     if known.seq != seq:
@@ -267,13 +269,13 @@ def _inspect(t: Any, known: _Peers, now: float, s: Any) -> None:
         with WIRE:
             if not t.freed and not _STOPPED.is_set():
                 _to_peers(t, ("ask", seq))
-    other = {q: lab for q, (sq, lab) in sorted(known.states.items()) if sq == seq and lab and _differ(lab, label)}
+    other = {q: lab for q, (_, cur, lab) in sorted(known.states.items()) if cur == seq and lab and _differ(lab, label)}
     if other:
         die(f"{where} (call {seq} on this communicator), while " + "; ".join(f"rank {q} is in {lab}" for q, lab in
                                                                             other.items())
             + " at that call: the ranks called different collectives or algorithms. Aborting the job "
             "(RINGMPI_CHECK=1 compares every call first).\n", t.abort, 3)
-    missing = t.waiting_for or sorted(q for q, (sq, _) in known.states.items() if sq < seq) or None
+    missing = t.waiting_for or sorted(q for q, (begun, _, _) in known.states.items() if begun < seq) or None
     if missing:
         where += f" (ranks {missing} have not arrived)"
     detail = _whereabouts(t, known, seq)
@@ -307,7 +309,7 @@ def _whereabouts(t: Any, known: _Peers, seq: int) -> str:
     if known.asked != seq:
         return ""
     parts = []
-    for q, (sq, lab) in sorted(known.states.items()):
+    for q, (sq, _, lab) in sorted(known.states.items()):
         if sq < seq:
             parts.append(f" Rank {q}: {sq} calls on this communicator, " +
                          (f"in {lab}." if lab else "in no ringmpi call on it."))

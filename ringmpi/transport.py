@@ -90,6 +90,11 @@ class Transport(Memory, Protocol):
     rank: int
     size: int
     counters: Counters
+    #: the buffers are device memory (`ringmpi.device`): no host shared memory
+    on_device: bool
+    #: the body runs as a request (`ringmpi.requests`): each exchange suspends it, so an
+    #: algorithm that waits by spinning cannot run
+    nonblocking: bool
 
     def sendrecv(self, sendbuf: Any, dest: int | None, recvbuf: Any, source: int | None) -> None: ...
     def sendrecv_reduce(self, sendbuf: Any, dest: int, landing: Any, source: int, op: str, mine: Any,
@@ -115,7 +120,9 @@ class Group(Transport, Protocol):
     def begin(self, name: str) -> int: ...
     def describe(self, label: str) -> None: ...
     def end(self) -> None: ...
-    def failed(self, err: BaseException) -> BaseException: ...
+    def failed(self, err: BaseException, label: str | None = None, seq: int | None = None) -> BaseException: ...
+    def request_view(self, label: str) -> Any: ...
+    def watching(self, label: str, seq: int) -> Any: ...
     def op_name(self, op: Any) -> str: ...
     def library(self, function: str, *args: Any) -> Any: ...
     def barrier(self) -> None: ...
@@ -185,6 +192,7 @@ class SubGroup(ReceiveThenReduce):
         self.rank = self.members.index(parent.rank)
         self.size = len(self.members)
         self.backend = parent.backend
+        self.on_device, self.nonblocking = parent.on_device, parent.nonblocking
 
     @property
     def counters(self) -> Counters:
@@ -223,6 +231,9 @@ class SubGroup(ReceiveThenReduce):
         if len(set(self.nodes)) != 1:
             raise ValueError("shared memory needs every rank on one host")
         return self
+
+    def split_nodes(self) -> tuple[Any, Any]:
+        return split_nodes(self, self.nodes)
 
     def reserve(self, nbytes: int) -> None:
         self.parent.reserve(nbytes)

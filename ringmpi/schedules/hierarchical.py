@@ -57,8 +57,10 @@ def _smallest_node(nodes) -> int:
 
 
 def _several_hosts(t) -> str | None:
-    if getattr(t, "on_device", False):
+    if t.on_device:
         return "not on device buffers yet (its node rings run on the host's shared memory)"
+    if t.nonblocking:
+        return "runs blocking calls only (its node rings wait on shared-memory flags by spinning)"
     return None if len(set(t.nodes)) > 1 else "needs ranks on more than one host (on one, ring_shm is the same)"
 
 

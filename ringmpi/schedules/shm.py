@@ -70,8 +70,10 @@ def _in_parts(c, p: int, count: int, itemsize: int):
 
 
 def _one_host(t) -> str | None:
-    if getattr(t, "on_device", False):
+    if t.on_device:
         return "device buffers do not go through the host's shared memory"
+    if t.nonblocking:
+        return "runs blocking calls only (its ranks wait on shared-memory flags by spinning)"
     hosts = len(set(t.nodes))
     return None if hosts == 1 else f"shared memory needs every rank on one host; these ranks are on {hosts}"
 

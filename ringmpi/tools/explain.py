@@ -46,7 +46,8 @@ def _profile(ns) -> cm.Profile:
 
 def _layout(p: int, per_node: int) -> Any:
     """What an algorithm's `unavailable` looks at: the size and every rank's node."""
-    return types.SimpleNamespace(size=p, nodes=[r - r % per_node for r in range(p)] if per_node else [0] * p)
+    return types.SimpleNamespace(size=p, nodes=[r - r % per_node for r in range(p)] if per_node else [0] * p,
+                                 on_device=False, nonblocking=False)
 
 
 def symbolic_table(collective: str = "allreduce", p: int = 4, segments: int = 4, algorithm: str | None = None) -> str:

@@ -1,0 +1,356 @@
+"""Collectives as requests: nonblocking and persistent calls on the schedule bodies unchanged.
+
+A request runs its algorithm's body (`body(t, call)`, the very function a blocking call
+runs) in a greenlet on a suspending transport (`mpicomm.RequestView`): each exchange posts
+its Isend/Irecv pairs, or MPI's own nonblocking collective, and switches back to whoever
+advanced the request; the request is advanced again once those MPI requests are complete.
+The simulator runs the same bodies the same way (`sim.VirtualRank` posts and yields), so
+one body serves blocking calls, requests, persistent requests and the virtual cluster.
+libNBC (Hoefler et al., SC'07) compiles each collective into a schedule of rounds instead;
+that is every algorithm written twice, and a body with a data-dependent loop (the segmented
+pipeline, Bruck's rounds) written as data. A suspended body is its own round schedule.
+
+Progress. A request advances when ringmpi is called on the thread that owns it (its
+`test`, `wait`, `waitall`, any collective), and, with the progress thread (RINGMPI_PROGRESS,
+`ringmpi.settings`), while the caller computes: numpy releases the GIL inside large kernels
+and mpi4py inside MPI calls. Greenlets belong to one thread, so a request is owned by the
+thread that first advances it: the progress thread takes the requests started while it
+runs; a `wait` that comes first (start then wait at once, nothing to overlap) takes its
+request itself and runs it at the speed of a blocking call. The progress thread never
+waits inside MPI (Open MPI spins there, and would take the core the caller computes on): it
+tests, and sleeps between tests, less and less often while nothing completes, and not at
+all while a caller waits for one of its requests.
+
+While requests are in flight, a blocking call's own messages are waited for by testing
+them and the requests of its thread in turn, so a rank blocked in one collective still
+advances the others (MPI's progress rule: rank 0 in a blocking call, rank 1 waiting for a
+request that needs rank 0's next round).
+
+The stall inspector (`ringmpi.stall`) watches a request while a caller waits for it (a
+request is allowed to stay in flight for as long as its caller computes). A request never
+waited for is reported when its communicator is freed and when the process exits.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from greenlet import getcurrent, greenlet
+
+__all__ = ["Request", "Persistent", "waitall", "testall", "progress", "in_flight", "engine", "Engine", "ACTIVE"]
+
+
+@dataclass(eq=False)
+class Request:
+    """One collective call in flight (or completed, until waited for).
+
+    `test()` advances it and says whether it is complete; `wait()` returns the call's result
+    (what the blocking call returns), or raises what the call raised, on this rank."""
+    label: str                     # what runs ("allreduce/ring"), as the stall inspector names it
+    seq: int                       # the call's sequence number on its communicator
+    group: Any                     # the communicator's transport (the stall watch's state)
+    view: Any                      # the suspending transport the body runs on
+    body: Callable[[], Any]        # runs the algorithm; returns the call's result
+    done: bool = False
+    result: Any = None
+    error: BaseException | None = None
+    waited: bool = False           # the caller has had its result (or its error)
+    owner: int | None = None       # the thread whose greenlet runs the body (None: not begun)
+    let: Any = None                # that greenlet
+    resumer: Any = None            # the greenlet that advanced it last (where it suspends to)
+    finished: Any = field(default_factory=threading.Event)   # set when done (a waiter on another thread)
+    on_done: Callable[["Request"], None] | None = None       # (a generalized MPI request's completion)
+
+    def test(self) -> bool:
+        """Advance this request (and the others this thread owns); True once complete.
+        A call that failed raises its error here, once complete."""
+        if not self.done:
+            engine().advance_mine()
+        if self.done and self.error is not None:
+            self._collect()
+        return self.done
+
+    def wait(self) -> Any:
+        """Complete the request and return the call's result (raises what the call raised)."""
+        if not self.done:
+            engine().wait_for(self)
+        return self._collect()
+
+    def _collect(self) -> Any:
+        self.waited = True
+        if self.error is not None:
+            err, self.error = self.error, None
+            raise err
+        return self.result
+
+    def __repr__(self) -> str:
+        state = "complete" if self.done else "in flight"
+        return f"<ringmpi.Request {self.label}, call {self.seq} on rank {self.group.rank} of {self.group.size}: {state}>"
+
+
+@dataclass(eq=False)
+class Persistent:
+    """A persistent collective (MPI-4 `MPI_Allreduce_init`): buffers bound, arguments
+    checked, algorithm chosen and tunables set once; `start()` begins one call, `wait()`
+    completes it, as many times as wanted; `free()` when done. Every start is a collective
+    call: the ranks start their persistent requests in the same order."""
+    label: str
+    group: Any
+    launch: Callable[["Persistent"], Request]     # begins one call of the bound collective
+    request: Request | None = None                # the call of the last start
+    freed: bool = False
+    native: Any = None                            # MPI's own persistent request, where it serves
+
+    def start(self) -> "Persistent":
+        if self.freed:
+            raise ValueError(f"ringmpi: persistent {self.label} was freed")
+        if self.request is not None and not self.request.waited:
+            raise ValueError(f"ringmpi: persistent {self.label} started again before its last call was waited for")
+        self.request = self.launch(self)
+        return self
+
+    def test(self) -> bool:
+        return self.request is None or self.request.test()
+
+    def wait(self) -> Any:
+        """The result of the last start's call (None when never started)."""
+        return None if self.request is None else self.request.wait()
+
+    def free(self) -> None:
+        if self.request is not None and not self.request.done:
+            raise ValueError(f"ringmpi: persistent {self.label} freed while its call is in flight; wait() first")
+        self.freed = True
+        if self.native is not None:
+            self.native.free()
+            self.native = None
+
+    def __enter__(self) -> "Persistent":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.request is not None and not self.request.done and exc[0] is None:
+            self.request.wait()
+        if self.request is None or self.request.done:
+            self.free()
+
+
+def waitall(requests: Any) -> list:
+    """Wait for every request (any order of completion); their results, in order. A call
+    that failed raises after all the others are complete."""
+    requests = list(requests)
+    eng = engine()
+    first: BaseException | None = None
+    out = []
+    for r in requests:
+        if not r.done:
+            eng.wait_for(r.request if isinstance(r, Persistent) else r)
+    for r in requests:
+        try:
+            out.append(r.wait())
+        except BaseException as err:   # noqa: BLE001 (re-raised below, after the others)
+            first = first or err
+            out.append(None)
+    if first is not None:
+        raise first
+    return out
+
+
+def testall(requests: Any) -> bool:
+    """Advance every request; True when all are complete."""
+    requests = list(requests)
+    engine().advance_mine()
+    return all(r.test() for r in requests)
+
+
+class Engine:
+    """The requests in flight in this process and what advances them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.wake = threading.Condition(self.lock)
+        self.active = ACTIVE                 # begun, not complete
+        self.unwaited: list[Request] = []    # complete, not yet waited for (reported at exit)
+        self.thread: threading.Thread | None = None
+        self.use_thread = False              # RINGMPI_PROGRESS=thread (set by `start`)
+        self.urgent = 0                      # callers waiting for a request the thread owns
+
+    # -- starting --------------------------------------------------------------------------
+    def start(self, req: Request, thread: bool) -> Request:
+        """Begin `req`: on the progress thread when `thread`, else its first round now."""
+        with self.lock:
+            self.active.append(req)
+            if thread:
+                self._ensure_thread()
+                self.wake.notify()
+                return req
+        self._step(req)
+        return req
+
+    def _ensure_thread(self) -> None:
+        if self.thread is None or not self.thread.is_alive():
+            self.thread = threading.Thread(target=self._loop, name="ringmpi-progress", daemon=True)
+            self.thread.start()
+
+    # -- advancing -------------------------------------------------------------------------
+    def _claim(self, req: Request) -> bool:
+        """Whether this thread may run `req` (claiming it when nobody has yet)."""
+        me = threading.get_ident()
+        if req.owner == me:
+            return True
+        with self.lock:
+            if req.owner is None:
+                req.owner = me
+                return True
+        return False
+
+    def _step(self, req: Request) -> bool:
+        """Advance `req` once if its posted messages are complete (this thread owns it):
+        True when it moved."""
+        if req.done or not self._claim(req):
+            return False
+        view = req.view
+        if req.let is None:
+            req.let = greenlet(lambda: self._run(req))
+        elif view.pending and not view.ready():
+            return False
+        here = getcurrent()
+        req.resumer = here
+        req.let.parent = here
+        view.suspend = req.resumer.switch
+        req.let.switch()
+        return True
+
+    def _run(self, req: Request) -> None:
+        try:
+            req.result = req.body()
+        except BaseException as err:   # noqa: BLE001 (the caller gets it from wait())
+            req.error = err
+        with self.lock:
+            req.done = True
+            if req in self.active:
+                self.active.remove(req)
+            self.unwaited.append(req)
+            if len(self.unwaited) > 64:
+                self.unwaited = [r for r in self.unwaited if not r.waited]
+        req.finished.set()
+        if req.on_done is not None:
+            req.on_done(req)
+
+    def mine(self) -> list[Request]:
+        me = threading.get_ident()
+        with self.lock:
+            return [r for r in self.active if r.owner in (None, me)]
+
+    def advance_mine(self) -> bool:
+        """Advance every request this thread owns or may take; True when any moved."""
+        moved = False
+        for r in self.mine():
+            moved |= self._step(r)
+        return moved
+
+    def wait_for(self, req: Request) -> None:
+        """Until `req` is complete: run it here if this thread owns it or may take it
+        (blocking in MPI on the posted messages of this thread's requests), else wait for
+        the progress thread, which stops sleeping meanwhile. Watched by the stall inspector."""
+        g = req.group
+        with g.watching(req.label, req.seq):
+            while not req.done:
+                if self._claim(req):
+                    if not self.advance_mine() and not req.done:
+                        self.block([r for r in self.mine() if r.owner is not None and r.let is not None])
+                else:
+                    with self.lock:
+                        self.urgent += 1
+                    try:
+                        while not req.finished.wait(0.05):
+                            pass
+                    finally:
+                        with self.lock:
+                            self.urgent -= 1
+
+    def block(self, reqs: list[Request]) -> None:
+        """Wait in MPI until a posted message of one of `reqs` completes."""
+        views = [r.view for r in reqs if r.view.pending]
+        if views:
+            views[0].wait_any(views)
+
+    def alongside(self, test: Callable[[], bool]) -> None:
+        """Until `test()` (a blocking call's own messages, tested): advance this thread's
+        requests in turn, so a rank blocked in one collective still moves the others."""
+        spins = 0
+        while not test():
+            if not self.advance_mine():
+                spins += 1
+                time.sleep(0 if spins < 100 else 2e-5)
+            else:
+                spins = 0
+
+    # -- the progress thread ---------------------------------------------------------------
+    def _loop(self) -> None:
+        me = threading.get_ident()
+        nap = 0.0
+        while True:
+            with self.lock:
+                while not any(r.owner in (None, me) for r in self.active):
+                    self.wake.wait()
+                    nap = 0.0
+            moved = False
+            for r in self.mine():
+                moved |= self._step(r)
+            if moved or self.urgent:
+                nap = 0.0
+                time.sleep(0)       # (gives the GIL away: the caller may be waiting for it)
+            else:
+                nap = min(max(2 * nap, 2e-5), 1e-3)
+                time.sleep(nap)
+
+    # -- what was never waited for ---------------------------------------------------------
+    def forgotten(self, group: Any = None) -> list[Request]:
+        with self.lock:
+            every = self.active + [r for r in self.unwaited if not r.waited]
+        return [r for r in every if group is None or r.group is group]
+
+    def report(self, group: Any = None, why: str = "at exit") -> None:
+        """Name on stderr the requests never waited for (of `group`, or all)."""
+        left = self.forgotten(group)
+        if not left:
+            return
+        for r in left:
+            r.waited = True
+        g = left[0].group
+        names = "; ".join(f"{r.label} (call {r.seq}, {'complete' if r.done else 'in flight'})" for r in left[:8])
+        more = f" and {len(left) - 8} more" if len(left) > 8 else ""
+        sys.stderr.write(f"ringmpi WARN: rank {g.rank} of {g.size}: {len(left)} request(s) never waited for "
+                         f"{why}: {names}{more}. Call wait() (or ringmpi.waitall) on every request.\n")
+        sys.stderr.flush()
+
+
+#: every request begun and not complete in this process (a blocking call tests it: one
+#: global read while nothing is in flight)
+ACTIVE: list[Request] = []
+_ENGINE: list[Engine] = []
+_MAKING = threading.Lock()
+
+
+def engine() -> Engine:
+    """The process's engine, made at first use."""
+    if not _ENGINE:
+        with _MAKING:
+            if not _ENGINE:
+                _ENGINE.append(Engine())
+    return _ENGINE[0]
+
+
+def in_flight() -> bool:
+    """Whether any request is in flight in this process (a blocking call then tests its own
+    messages and advances the requests beside them: `Engine.alongside`)."""
+    return bool(ACTIVE)
+
+
+def progress() -> bool:
+    """Advance the requests this thread owns (a loop that computes and has no progress
+    thread calls this now and then); True when any moved."""
+    return engine().advance_mine() if _ENGINE else False
