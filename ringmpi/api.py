@@ -29,7 +29,7 @@ from .ops import CANONICAL, SUPPORTED_DTYPES, check_op_dtype
 from .settings import log, settings
 from . import requests
 from .requests import ACTIVE, progress
-from .transport import PLANS, forget_plans
+from .transport import GENERATION, PLANS, forget_plans
 
 __all__ = ["execute", "Edge", "group", "algorithms", "last_choice", "label", "send_recv_plan", "call_plan", "mpi_reference",
            "RingmpiUsageError",
@@ -291,13 +291,26 @@ def request(spec: Any, comm: Any, algorithm: Any, args: dict, persistent: bool =
     _auto.profile_of(t)   # (collective at its first use: read now, while every rank is here)
     view = t.request_view(label(spec, algorithm, call))
     dev = _device(e, call, view) if not isinstance(call.send, np.ndarray) else None
-    alg, call = _resolve_request(e, spec, algorithm, call, view if dev is None else dev)
-    view.label = name = label(spec, alg.name, call)
+    key = (spec, algorithm, call.count, call.dtype, call.op, call.root, call.counts, call.params, call.inplace,
+           dev is None, st.generation, GENERATION[0])
+    known = t.request_plans.get(key)
+    if known is None:   # (what the call resolves to depends on nothing but the key)
+        alg, resolved = _resolve_request(e, spec, algorithm, call, view if dev is None else dev)
+        known = t.request_plans.put(key, (alg, resolved.params, label(spec, alg.name, resolved)))
+    alg, params, name = known
+    call = call._replace(params=params) if params != call.params else call
+    view.relabel(name)
     thread = (st.progress == "thread" or on_done is not None) and t.wire
+    if dev is None and _one_library_call(t, spec, alg, call):
+        return _native_request(t, view, call, result, persistent, on_done, thread)
 
     def body() -> Any:
         _run_body(view, dev, alg, call)
         return result
+    # MPI matches its own collectives by the order they are called in, not by tags: a body
+    # that calls one (MPI's own on device buffers, staged; in pieces; NaN-keyed MAX/MIN)
+    # runs its first step now, on this thread, so that it posts it in the order of the starts
+    thread = thread and alg.cost is not None
 
     def launch(bound: Any) -> Any:
         if bound.request is not None:   # a persistent request's next start
@@ -308,12 +321,46 @@ def request(spec: Any, comm: Any, algorithm: Any, args: dict, persistent: bool =
     return launch(requests.Persistent(name, t, launch))
 
 
+def _one_library_call(t: Any, spec: Any, alg: Any, call: Call) -> bool:
+    """Whether `alg` is MPI's own and its call is one MPI call with nothing after it (the
+    library's nonblocking or persistent collective then serves the request as it is): not
+    MAX/MIN of floats (NaN keys before and after), nor above the C-int count limit (in
+    pieces), nor a reduce-scatter in place or with an empty result (a copy after)."""
+    return alg.cost is None and t.size > 1 and call.count <= t.max_count and not (
+        call.op in ("MAX", "MIN") and call.dtype.kind == "f") and not (
+        spec.name == "reduce_scatter" and (call.inplace or call.recv.size == 0 or len(set(call.counts)) != 1))
+
+
+def _native_request(t: Any, view: Any, call: Call, result: Any, persistent: bool, on_done: Callable | None,
+                    thread: bool) -> Any:
+    """A request served by MPI's own nonblocking collective (MPI_Iallreduce, ...) or bound as
+    its persistent one (MPI_Allreduce_init, MPI-4; the nonblocking one started each time
+    where the library has none), with AVG's division once complete."""
+    def finish() -> Any:
+        if call.op == "AVG" and call.recv is not None:
+            view.scale(call.recv, t.size)
+        return result
+
+    def launch(p: Any) -> Any:
+        if p.request is not None:
+            view.again(view.label)
+        view.post(call)
+        return requests.engine().start(requests.Request(view.label, view.seq, t, view, finish, on_done=on_done,
+                                                        posted=True), thread)
+    if not persistent:
+        return launch(requests.Persistent(view.label, t, launch))
+    bound = view.bind(call) if on_done is None else None
+    if bound is not None:
+        return requests.Persistent(view.label, t, launch, native=bound, finish=finish)
+    return requests.Persistent(view.label, t, launch)
+
+
 def _resolve_request(e: Edge, spec: Any, algorithm: str, call: Call, on: Any) -> tuple[Any, Call]:
     """`_resolve` for a request running on transport `on` (its view, or the view's device
     transport): auto among the algorithms that can run as requests, not timed."""
     if algorithm == "auto":
         try:
-            choice = _auto.choose_request(on, call)
+            choice = _auto.choose_request(on, e.t, call)
         except ValueError as err:
             e.fail(str(err))
         algorithm = choice["algorithm"]

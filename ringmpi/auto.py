@@ -191,10 +191,11 @@ def choose(t: Any, call: Call) -> dict:
     return choice
 
 
-def choose_request(view: Any, call: Call) -> dict:
+def choose_request(view: Any, g: Any, call: Call) -> dict:
     """What `auto` runs for a request (`ringmpi.requests`; `view` its transport): the
     algorithm online tuning settled on for blocking calls of the same bucket when it can
-    run as a request, else the lowest predicted time among those that can. Requests are not
+    run as a request, else the lowest predicted time among those that can (`g`: the
+    communicator's transport, which keeps the choices). Requests are not
     timed for the tuner: what a request's time includes (the caller's computation, other
     requests) is not the algorithm's."""
     st = settings()
@@ -203,7 +204,6 @@ def choose_request(view: Any, call: Call) -> dict:
     if forced is not None:
         _alg.get(collective, forced)
         return {"algorithm": forced, "why": "forced by RINGMPI_ALGO", "collective": collective}
-    g = view.group
     tuner = g.tuners.get(_bucket(view, call)) if st.tune else None
     if tuner is not None and tuner.winner is not None and not _alg.get(collective, tuner.winner).why_not(view):
         choice = tuner.choice(tuner.winner)

@@ -35,10 +35,10 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from greenlet import getcurrent, greenlet
+from greenlet import GreenletExit, getcurrent, greenlet
 
 __all__ = ["Request", "Persistent", "waitall", "testall", "progress", "in_flight", "engine", "Engine", "ACTIVE"]
 
@@ -61,8 +61,10 @@ class Request:
     owner: int | None = None       # the thread whose greenlet runs the body (None: not begun)
     let: Any = None                # that greenlet
     resumer: Any = None            # the greenlet that advanced it last (where it suspends to)
-    finished: Any = field(default_factory=threading.Event)   # set when done (a waiter on another thread)
     on_done: Callable[["Request"], None] | None = None       # (a generalized MPI request's completion)
+    posted: bool = False           # MPI's own collective was posted at the start: `body` only finishes it
+    finished: threading.Event | None = None   # made for a waiter on another thread, set when done
+    started: float = 0.0           # when it began (perf_counter)
 
     def test(self) -> bool:
         """Advance this request (and the others this thread owns); True once complete.
@@ -95,46 +97,80 @@ class Request:
 class Persistent:
     """A persistent collective (MPI-4 `MPI_Allreduce_init`): buffers bound, arguments
     checked, algorithm chosen and tunables set once; `start()` begins one call, `wait()`
-    completes it, as many times as wanted; `free()` when done. Every start is a collective
-    call: the ranks start their persistent requests in the same order."""
+    completes it and returns its result, as many times as wanted; `free()` when done. Every
+    start is a collective call: the ranks start their persistent requests in the same order.
+    Where MPI's own collective serves it as one call, `native` is the library's persistent
+    request itself and a start and a wait are its MPI_Start and MPI_Wait."""
     label: str
     group: Any
-    launch: Callable[["Persistent"], Request]     # begins one call of the bound collective
-    request: Request | None = None                # the call of the last start
+    launch: Callable[["Persistent"], Request] | None   # begins one call of the bound collective
+    request: Request | None = None                       # the call of the last start
     freed: bool = False
-    native: Any = None                            # MPI's own persistent request, where it serves
+    native: Any = None                                   # MPI's own persistent request, where it serves
+    finish: Callable[[], Any] | None = None              # (native) after each completion: the result
+    active: bool = False                                 # (native) started, not yet waited for
+    seq: int = 0                                         # (native) the last start's call number
 
     def start(self) -> "Persistent":
+        if self.native is not None and not self.active:
+            g = self.group
+            g.seq += 1
+            self.seq = g.seq
+            self.native.Start()
+            self.active = True
+            return self
         if self.freed:
             raise ValueError(f"ringmpi: persistent {self.label} was freed")
-        if self.request is not None and not self.request.waited:
+        if self.active or self.request is not None and not self.request.waited:
             raise ValueError(f"ringmpi: persistent {self.label} started again before its last call was waited for")
         self.request = self.launch(self)
         return self
 
     def test(self) -> bool:
+        if self.native is not None:
+            return not self.active or self.native.Test() and self._done()
         return self.request is None or self.request.test()
 
     def wait(self) -> Any:
         """The result of the last start's call (None when never started)."""
+        if self.native is not None:
+            if self.active:
+                g = self.group
+                before = g.busy, g.current
+                g.busy, g.current = self.label, self.seq
+                try:
+                    self.native.Wait()
+                finally:
+                    g.busy, g.current = before
+                return self._done()
+            return self.finish() if self.seq else None
         return None if self.request is None else self.request.wait()
 
+    def _done(self) -> Any:
+        self.active = False
+        return self.finish()
+
     def free(self) -> None:
-        if self.request is not None and not self.request.done:
+        if self.active or self.request is not None and not self.request.done:
             raise ValueError(f"ringmpi: persistent {self.label} freed while its call is in flight; wait() first")
         self.freed = True
         if self.native is not None:
-            self.native.free()
+            self.native.Free()
             self.native = None
 
     def __enter__(self) -> "Persistent":
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self.request is not None and not self.request.done and exc[0] is None:
-            self.request.wait()
-        if self.request is None or self.request.done:
+        """`with ringmpi.allreduce_init(...) as bound:` frees it at the end (after the last
+        call's wait when the block ends normally)."""
+        if exc[0] is None and (self.active or self.request is not None and not self.request.done):
+            self.wait()
+        if not self.active and (self.request is None or self.request.done):
             self.free()
+
+    def __repr__(self) -> str:
+        return f"<ringmpi.Persistent {self.label} on rank {self.group.rank} of {self.group.size}>"
 
 
 def waitall(requests: Any) -> list:
@@ -176,10 +212,12 @@ class Engine:
         self.thread: threading.Thread | None = None
         self.use_thread = False              # RINGMPI_PROGRESS=thread (set by `start`)
         self.urgent = 0                      # callers waiting for a request the thread owns
+        self._local = threading.local()      # per thread: idle worker greenlets
 
     # -- starting --------------------------------------------------------------------------
     def start(self, req: Request, thread: bool) -> Request:
         """Begin `req`: on the progress thread when `thread`, else its first round now."""
+        req.started = time.perf_counter()
         with self.lock:
             self.active.append(req)
             if thread:
@@ -195,39 +233,79 @@ class Engine:
             self.thread.start()
 
     # -- advancing -------------------------------------------------------------------------
-    def _claim(self, req: Request) -> bool:
-        """Whether this thread may run `req` (claiming it when nobody has yet)."""
+    def _claim(self, req: Request, grace: float = 0.0) -> bool:
+        """Whether this thread may run `req` (claiming it when nobody has yet; the progress
+        thread leaves a request begun less than `grace` seconds ago to its caller, whose
+        wait may come at once). A posted request (MPI's own) has no greenlet: it is claimed
+        for one step at a time (`release`), since two threads must not test one MPI request."""
         me = threading.get_ident()
         if req.owner == me:
             return True
+        if grace and time.perf_counter() - req.started < grace:
+            return False
         with self.lock:
             if req.owner is None:
                 req.owner = me
                 return True
         return False
 
-    def _step(self, req: Request) -> bool:
+    @staticmethod
+    def _release(req: Request) -> None:
+        if req.posted:
+            req.owner = None
+
+    def _step(self, req: Request, grace: float = 0.0) -> bool:
         """Advance `req` once if its posted messages are complete (this thread owns it):
         True when it moved."""
-        if req.done or not self._claim(req):
+        if req.done or not self._claim(req, grace):
             return False
         view = req.view
-        if req.let is None:
-            req.let = greenlet(lambda: self._run(req))
-        elif view.pending and not view.ready():
-            return False
+        if req.posted:
+            try:
+                if not view.ready():
+                    return False
+                self._run(req)
+                return True
+            finally:
+                self._release(req)
         here = getcurrent()
+        if req.let is None:
+            req.let = self._idle.pop() if self._idle else greenlet(self._work)
+            req.resumer = here
+            view.suspend = here.switch
+            req.let.switch(req)
+            return True
+        if view.pending and not view.ready():
+            return False
         req.resumer = here
-        req.let.parent = here
-        view.suspend = req.resumer.switch
+        view.suspend = here.switch
         req.let.switch()
         return True
+
+    @property
+    def _idle(self) -> list:
+        """This thread's idle worker greenlets (making one costs ~10 us, reusing one ~0.6)."""
+        idle = getattr(self._local, "idle", None)
+        if idle is None:
+            idle = self._local.idle = []
+        return idle
+
+    def _work(self, req: Request) -> None:
+        """A worker greenlet: runs one request's body at a time, then waits for the next."""
+        while True:
+            self._run(req)
+            let = getcurrent()
+            self._idle.append(let)
+            req = req.resumer.switch()
 
     def _run(self, req: Request) -> None:
         try:
             req.result = req.body()
+        except GreenletExit:
+            raise
         except BaseException as err:   # noqa: BLE001 (the caller gets it from wait())
             req.error = err
+        req.view.close()
         with self.lock:
             req.done = True
             if req in self.active:
@@ -235,7 +313,9 @@ class Engine:
             self.unwaited.append(req)
             if len(self.unwaited) > 64:
                 self.unwaited = [r for r in self.unwaited if not r.waited]
-        req.finished.set()
+            finished = req.finished
+        if finished is not None:
+            finished.set()
         if req.on_done is not None:
             req.on_done(req)
 
@@ -256,20 +336,43 @@ class Engine:
         (blocking in MPI on the posted messages of this thread's requests), else wait for
         the progress thread, which stops sleeping meanwhile. Watched by the stall inspector."""
         g = req.group
-        with g.watching(req.label, req.seq):
+        before = g.busy, g.current
+        g.busy, g.current = req.label, req.seq
+        try:
             while not req.done:
+                if req.posted:
+                    self._wait_posted(req)
+                    continue
                 if self._claim(req):
                     if not self.advance_mine() and not req.done:
                         self.block([r for r in self.mine() if r.owner is not None and r.let is not None])
-                else:
+                    continue
+                with self.lock:
+                    if req.done:
+                        break
+                    if req.finished is None:
+                        req.finished = threading.Event()
+                    finished = req.finished
+                    self.urgent += 1
+                try:
+                    finished.wait()
+                finally:
                     with self.lock:
-                        self.urgent += 1
-                    try:
-                        while not req.finished.wait(0.05):
-                            pass
-                    finally:
-                        with self.lock:
-                            self.urgent -= 1
+                        self.urgent -= 1
+        finally:
+            g.busy, g.current = before
+
+    def _wait_posted(self, req: Request) -> None:
+        """MPI's own request: waited for in MPI, once no other thread is testing it."""
+        if not self._claim(req):
+            time.sleep(0)
+            return
+        try:
+            if not req.done:
+                req.view.wait_any([req.view])
+                self._run(req)
+        finally:
+            self._release(req)
 
     def block(self, reqs: list[Request]) -> None:
         """Wait in MPI until a posted message of one of `reqs` completes."""
@@ -299,7 +402,7 @@ class Engine:
                     nap = 0.0
             moved = False
             for r in self.mine():
-                moved |= self._step(r)
+                moved |= self._step(r, GRACE)
             if moved or self.urgent:
                 nap = 0.0
                 time.sleep(0)       # (gives the GIL away: the caller may be waiting for it)
@@ -328,6 +431,9 @@ class Engine:
         sys.stderr.flush()
 
 
+#: seconds the progress thread leaves a new request to its caller: a wait that comes at once
+#: (nothing to overlap) then runs it at a blocking call's speed, without a thread's hand-off
+GRACE = 1e-4
 #: every request begun and not complete in this process (a blocking call tests it: one
 #: global read while nothing is in flight)
 ACTIVE: list[Request] = []

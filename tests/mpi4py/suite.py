@@ -58,7 +58,8 @@ def run(n: int, tests: Path, module: str, wrapped: bool, timeout: int) -> tuple[
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 3, 4])
-    ap.add_argument("--modules", nargs="+", default=["test_cco_buf", "test_cco_vec", "test_cco_nb_buf", "test_cco_pr_buf", "test_comm", "test_subclass"])
+    ap.add_argument("--modules", nargs="+", default=["test_cco_buf", "test_cco_vec", "test_cco_nb_buf", "test_cco_pr_buf",
+                                                     "test_comm", "test_subclass"])
     ap.add_argument("--src", type=Path, default=None, help="an unpacked mpi4py source tree")
     ap.add_argument("--timeout", type=int, default=300)
     o = ap.parse_args()

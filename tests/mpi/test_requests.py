@@ -1,0 +1,228 @@
+"""One test body over every (collective, algorithm) x dtype x op x count x in place x
+backend (numpy, the fake device), run blocking, as requests (all counts in flight at once,
+completed in reverse order or by polling `test()`), and persistent (bound once, started
+three times), against the specs' own exact results (`expected`) on random per-rank data
+that every summation order reduces exactly. Then what requests add: MPI's rules (order of
+starts, any order of completion), mixing with blocking calls, errors, and the drop-in."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import make_data, valid_ops
+from mpi4py import MPI
+
+import ringmpi
+from ringmpi import settings
+from ringmpi.collectives import SPECS
+from ringmpi.device import FakeDeviceArray
+from ringmpi.errors import RingmpiUsageError
+
+COMM = MPI.COMM_WORLD
+P, R = COMM.size, COMM.rank
+COUNTS = sorted({0, 1, max(P - 1, 0), P, 7 * P + 3})
+HOST_ONLY = {"ring_shm", "pipeline_shm", "hierarchical", "hierarchical_oneway"}
+DTYPES = {True: ["int32", "float64"], False: ["int16", "complex64"]}   # reducing collectives or not
+ROOT = P - 1
+
+
+def cases():
+    for name, spec in SPECS.items():
+        for alg in [*ringmpi.algorithms(name, COMM), "auto"]:
+            for backend in ("numpy", "device"):
+                if backend == "device" and alg in HOST_ONLY:
+                    continue
+                yield name, alg, backend
+
+
+def calls(spec, dtype, op, rng):
+    """(label, call, every rank's input) for every count, in place and out of place."""
+    for n in COUNTS:
+        per = n * P if spec.name in ("reduce_scatter", "alltoall") else n
+        xs = [make_data(np.random.default_rng([int(rng.integers(1 << 30)), q]), dtype, per, op or "SUM", exact=True)
+              for q in range(P)]
+        xs = COMM.bcast(xs, 0)
+        for inplace in ([False, True] if spec.has_out_of_place else [True]):
+            yield f"n={n} inplace={inplace}", spec.make(R, P, xs[R], op=op, root=ROOT, inplace=inplace), xs
+
+
+def arguments(spec, call, backend):
+    """The public function's arguments for `call`, on device arrays for the device backend
+    (the same object wherever the call passes one buffer twice: in place)."""
+    args = spec.args(call)
+    if backend == "numpy":
+        return args
+    made = {}
+    for k, v in args.items():
+        if isinstance(v, np.ndarray):
+            made.setdefault(id(v), FakeDeviceArray.from_host(v))
+            args[k] = made[id(v)]
+    return args
+
+
+def host(out):
+    return None if out is None else out.get() if isinstance(out, FakeDeviceArray) else np.asarray(out)
+
+
+@pytest.mark.parametrize("collective,algorithm,backend", list(cases()))
+@pytest.mark.parametrize("mode", ["blocking", "requests", "persistent"])
+def test_every_call(collective, algorithm, backend, mode, rng):
+    spec = SPECS[collective]
+    blocking = getattr(ringmpi, collective)
+    start = getattr(ringmpi, "i" + collective)
+    bind = getattr(ringmpi, collective + "_init")
+    if mode != "blocking" and algorithm in HOST_ONLY and P > 1:
+        x = np.zeros(P, "int32")
+        with pytest.raises(RingmpiUsageError, match="runs blocking calls only"):
+            (start if mode == "requests" else bind)(x, algorithm=algorithm)
+        return
+    for dtype in DTYPES[spec.reduces]:
+        for op in valid_ops(dtype) if spec.reduces else [None]:
+            todo = list(calls(spec, dtype, op, rng))
+            outs = {}
+            if mode == "blocking":
+                for what, call, _ in todo:
+                    outs[what] = blocking(**arguments(spec, call, backend), algorithm=algorithm)
+            elif mode == "requests":      # every count in flight at once; completed backwards, or polled
+                reqs = [(what, start(**arguments(spec, call, backend), algorithm=algorithm))
+                        for what, call, _ in todo]
+                if rng.integers(2):
+                    for what, q in reversed(reqs):
+                        outs[what] = q.wait()
+                else:
+                    while not all(q.test() for _, q in reqs):
+                        pass
+                    outs.update((what, q.wait()) for what, q in reqs)
+            else:   # (in place, each start reduces what the buffer holds: the input, restored)
+                for what, call, _ in todo:
+                    args = arguments(spec, call, backend)
+                    send = args[spec.send_arg]
+                    first = host(send).copy()
+                    with bind(**args, algorithm=algorithm) as bound:
+                        for _ in range(3):
+                            (send._a if backend == "device" else send)[...] = first
+                            outs[what] = bound.start().wait()
+            for what, call, xs in todo:
+                expected = spec.expected(xs, R, op=op, root=ROOT)
+                got = host(outs[what])
+                label = f"{collective}/{algorithm} {backend} {mode} {dtype} {op} {what}"
+                if expected is None or (collective == "reduce" and R != ROOT):
+                    assert got is None, label + ": a result off the root"
+                    continue
+                assert got is not None and got.reshape(-1).tobytes() == expected.tobytes(), \
+                    f"{label}: {got} != {expected}"
+
+
+def test_requests_overlap_with_blocking_calls_and_each_other(rng):
+    """Requests on two communicators and blocking calls between them, started in the same
+    order everywhere and completed in an order that differs by rank."""
+    other = COMM.Dup()
+    try:
+        x = rng.standard_normal(1000)
+        ref = np.empty_like(x)
+        COMM.Allreduce(x, ref)
+        a = ringmpi.iallreduce(x, algorithm="ring")
+        b = ringmpi.iallreduce(x, comm=other, algorithm="recursive_doubling")
+        c = ringmpi.allreduce(x, algorithm="tree")           # blocking, with two in flight
+        d = ringmpi.ibroadcast(np.arange(5.0) * (R + 1), root=0, comm=other)
+        first, second = (a, b) if R % 2 else (b, a)
+        for out in (first.wait(), second.wait(), c):
+            assert np.allclose(out, ref)
+        assert np.array_equal(d.wait(), np.arange(5.0))
+        assert ringmpi.waitall([]) == []
+        reqs = [ringmpi.iallgather(np.array([R, q])) for q in range(4)]
+        for q, out in enumerate(ringmpi.waitall(reqs[::-1])[::-1]):
+            assert np.array_equal(out.reshape(P, 2), np.array([[r, q] for r in range(P)]))
+        assert ringmpi.testall(reqs)
+    finally:
+        other.Free()
+
+
+@pytest.mark.parametrize("progress", ["thread", "calls"])
+def test_progress_while_the_caller_computes(progress):
+    """A request started, then numpy work, then the wait: the result is MPI's, and with the
+    progress thread the request is complete before the wait on every rank (the numpy work
+    releases the GIL)."""
+    settings.reload({"RINGMPI_PROGRESS": progress})
+    try:
+        x = np.full(1 << 16, float(R + 1))
+        q = ringmpi.iallreduce(x, algorithm="ring")
+        a = np.random.default_rng(R).standard_normal((300, 300))
+        done = False
+        for _ in range(200):
+            a = np.tanh(a @ a.T / 300)
+            done = q.done
+            if done:
+                break
+        if progress == "calls":
+            ringmpi.progress()
+        assert np.array_equal(q.wait(), np.full(1 << 16, P * (P + 1) / 2))
+        if progress == "thread" and P > 1 and ringmpi.api.group().wire:
+            assert COMM.allreduce(done, op=MPI.LAND), "the progress thread did not complete the request meanwhile"
+    finally:
+        settings.reload({})
+
+
+def test_errors_are_raised_at_the_start_and_never_disturb_the_next_call(rng):
+    x = rng.standard_normal(10)
+    with pytest.raises(RingmpiUsageError, match=r"ringmpi\.iallreduce \(rank \d+ of \d+\).*dtype"):
+        ringmpi.iallreduce(x.astype(np.float16))
+    with pytest.raises(RingmpiUsageError, match=r"ringmpi\.allreduce_init .*unknown algorithm"):
+        ringmpi.allreduce_init(x, algorithm="nope")
+    with pytest.raises(TypeError, match=r"ringmpi\.ibroadcast: .*unexpected keyword"):
+        ringmpi.ibroadcast(x, bogus=1)
+    if P > 1:
+        with pytest.raises(RingmpiUsageError, match="blocking calls only"):
+            ringmpi.iallreduce(x, algorithm="ring_shm")
+    ref = np.empty_like(x)
+    COMM.Allreduce(x, ref)
+    assert np.allclose(ringmpi.iallreduce(x).wait(), ref)
+
+
+def test_a_rank_with_a_bad_buffer_stands_in_and_the_others_get_the_result(rng):
+    """Without RINGMPI_CHECK, a read-only result buffer on one rank: that rank raises at the
+    start, the others' request completes with the right sum (its stand-in took part)."""
+    x = np.full(64, float(R + 1))
+    out = np.empty(64)
+    if R == 0:
+        out.flags.writeable = False
+    if R == 0:
+        with pytest.raises(RingmpiUsageError, match="read-only"):
+            ringmpi.iallreduce(x, out, algorithm="ring")
+    else:
+        assert np.array_equal(ringmpi.iallreduce(x, out, algorithm="ring").wait(), np.full(64, P * (P + 1) / 2))
+    assert np.array_equal(ringmpi.allreduce(x, algorithm="ring"), np.full(64, P * (P + 1) / 2))
+
+
+def test_persistent_rules():
+    x = np.ones(8)
+    bound = ringmpi.allreduce_init(x, np.empty(8))
+    assert bound.wait() is None            # never started
+    bound.start()
+    with pytest.raises(ValueError, match="started again"):
+        bound.start()
+    assert np.array_equal(bound.wait(), np.full(8, float(P)))
+    bound.free()
+    with pytest.raises(ValueError, match="freed"):
+        bound.start()
+
+
+def test_drop_in_requests_mix_with_mpi4pys_in_waitall(rng):
+    """ringmpi.Comm's Iallreduce returns an MPI request: MPI.Request.Waitall over it and
+    mpi4py's own completes both (ringmpi's progress thread completes the generalized request)."""
+    comm = ringmpi.Comm(COMM, allreduce="ring")
+    x = rng.standard_normal(100)
+    y, z = np.empty_like(x), np.empty_like(x)
+    ours = comm.Iallreduce(x, y, op=MPI.SUM)
+    theirs = COMM.Iallreduce(x, z, op=MPI.SUM)
+    assert isinstance(ours, MPI.Request)
+    MPI.Request.Waitall([ours, theirs])
+    assert np.allclose(y, z)
+    bound = comm.Allreduce_init(x, y)
+    for _ in range(2):
+        bound.Start()
+        bound.Wait()
+        assert np.allclose(y, z)
+    bound.Free()
+    buf = np.arange(6.0) if R == 0 else np.zeros(6)
+    comm.Ibcast(buf, root=0).Wait()
+    assert np.array_equal(buf, np.arange(6.0))
