@@ -26,7 +26,7 @@ ROOT = P - 1
 
 
 def cases():
-    for name, spec in SPECS.items():
+    for name in SPECS:
         for alg in [*ringmpi.algorithms(name, COMM), "auto"]:
             for backend in ("numpy", "device"):
                 if backend == "device" and alg in HOST_ONLY:
@@ -101,7 +101,7 @@ def test_every_call(collective, algorithm, backend, mode, rng):
                         for _ in range(3):
                             (send._a if backend == "device" else send)[...] = first
                             outs[what] = bound.start().wait()
-            for what, call, xs in todo:
+            for what, _, xs in todo:
                 expected = spec.expected(xs, R, op=op, root=ROOT)
                 got = host(outs[what])
                 label = f"{collective}/{algorithm} {backend} {mode} {dtype} {op} {what}"
