@@ -29,13 +29,62 @@ from .ops import CANONICAL, SUPPORTED_DTYPES, check_op_dtype
 from .settings import log, settings
 from . import requests
 from .requests import ACTIVE, progress
-from .transport import GENERATION, PLANS, forget_plans
 
-__all__ = ["execute", "Edge", "group", "algorithms", "last_choice", "label", "send_recv_plan", "call_plan", "mpi_reference",
+__all__ = ["execute", "request", "Edge", "CACHE", "PLANS", "Memo", "forget_plans", "group", "algorithms", "last_choice", "label", "send_recv_plan", "call_plan", "mpi_reference",
            "RingmpiUsageError",
            "RingmpiError"]
 
 _MPI: list[Any] = []
+
+
+class Memo:
+    """The last call of one public function, for the fast path's first look (by identity,
+    before any hashing: a training loop passes the same arrays every step). Weak
+    references: a memo keeps no user array alive."""
+    __slots__ = ("send", "recv", "extra", "comm", "algorithm", "plan", "send_dtype", "recv_dtype", "skip", "pause")
+
+    def __init__(self) -> None:
+        self.send: Any = None        # weakref to the send buffer
+        self.recv: Any = None        # None: a new result; True: in place; else a weakref to the result buffer
+        self.extra: Any = None       # the other arguments (op, root, ...)
+        self.comm: Any = None
+        self.algorithm: Any = None
+        self.plan: Any = None        # what serves the call (None: nothing remembered, or forgotten)
+        self.send_dtype: Any = None  # the arrays' dtypes then (a dtype set in place keeps the object)
+        self.recv_dtype: Any = None
+        self.skip = 0                # calls to let pass before remembering again (arrays that die young)
+        self.pause = 0               # the last such pause
+
+
+class PlanCache:
+    """The call pipeline's caches: plans by call shape (`execute`'s key), each public
+    function's last call (`Memo`), and a generation number that every cache elsewhere
+    (ringmpi.Comm's hot path) compares. Emptied (`forget`) whenever what a plan assumed
+    changes: the settings, a communicator's profile, an online-tuning decision, a freed
+    communicator."""
+
+    def __init__(self) -> None:
+        self.plans: dict = {}
+        self.memos: dict[str, Memo] = {}
+        self.generation = 0
+
+    def memo(self, name: str) -> Memo:
+        return self.memos.setdefault(name, Memo())
+
+    def forget(self) -> None:
+        self.generation += 1
+        self.plans.clear()
+        for memo in self.memos.values():
+            memo.plan = None
+
+
+CACHE = PlanCache()
+PLANS = CACHE.plans
+
+
+def forget_plans() -> None:
+    """Drop every plan (settings, profile or tuner decision changed; a communicator freed)."""
+    CACHE.forget()
 
 
 def _mpi() -> Any:
@@ -292,7 +341,7 @@ def request(spec: Any, comm: Any, algorithm: Any, args: dict, persistent: bool =
     view = t.request_view(label(spec, algorithm, call))
     dev = _device(e, call, view) if not isinstance(call.send, np.ndarray) else None
     key = (spec, algorithm, call.count, call.dtype, call.op, call.root, call.counts, call.params, call.inplace,
-           dev is None, st.generation, GENERATION[0])
+           dev is None, st.generation, CACHE.generation)
     known = t.request_plans.get(key)
     if known is None:   # (what the call resolves to depends on nothing but the key)
         alg, resolved = _resolve_request(e, spec, algorithm, call, view if dev is None else dev)
@@ -595,10 +644,7 @@ def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice:
     params = call.params
     bare = spec.with_buffers(args, None, None)
     again = spec.again if dev is None else None
-    # the last call's arrays (weak references: a plan keeps no user array alive), its Call
-    # without them, and their dtype and canonical dtype: the next call with the very same
-    # arrays skips what cannot have changed about them (`again`: ~0.6 us against ~2.5)
-    last: list = [None] * 5
+    last = _Seen()
 
     def run(sendbuf: Any, recvbuf: Any) -> Any:
         if tuner is not None:
@@ -606,8 +652,8 @@ def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice:
             if not tuner.left:
                 return monitored(t, tuner, run, sendbuf, recvbuf)
         c, failed = None, None
-        if last[2] is not None and recvbuf is not None and last[0]() is sendbuf and last[1]() is recvbuf:
-            c = again(last[2], last[3], last[4], sendbuf, recvbuf)
+        if last.call is not None and recvbuf is not None and last.send() is sendbuf and last.recv() is recvbuf:
+            c = again(last.call, last.dtype, last.canonical, sendbuf, recvbuf)
             result = recvbuf
         if c is None:
             given = spec.with_buffers(bare, sendbuf, recvbuf)
@@ -619,8 +665,9 @@ def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice:
                     raise
                 (c, _), failed = spec.prepare(Edge(spec.name, t), **fresh), err
             if failed is None and again is not None and recvbuf is not None and isinstance(c.send, np.ndarray):
-                last[:] = (weakref.ref(sendbuf), weakref.ref(recvbuf), c._replace(send=None, recv=None),
-                           sendbuf.dtype, c.send.dtype)
+                last.send, last.recv, last.call = weakref.ref(sendbuf), weakref.ref(recvbuf), c._replace(send=None,
+                                                                                                           recv=None)
+                last.dtype, last.canonical = sendbuf.dtype, c.send.dtype
         t.begin(name)
         try:
             _run_body(t, dev, alg, c._replace(params=params) if params else c)   # (_replace: ~500 ns)
@@ -632,6 +679,16 @@ def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice:
         t.last_choice = choice
         return result
     return run
+
+
+class _Seen:
+    """A body plan's last call: its arrays (weak references), its Call without them, and
+    their dtype and canonical dtype; the next call with the very same arrays skips what
+    cannot have changed about them (`Collective.again`: ~0.6 us against ~2.5)."""
+    __slots__ = ("send", "recv", "call", "dtype", "canonical")
+
+    def __init__(self) -> None:
+        self.send = self.recv = self.call = self.dtype = self.canonical = None
 
 
 def mpi_reference(t: Any, spec: Any, args: dict) -> Callable:
@@ -759,3 +816,4 @@ def call_plan(t: Any, function: str, build: Callable, label: str, choice: dict, 
 
 
 settings_module.on_reload(forget_plans)
+_auto.ON_CHANGE.append(forget_plans)

@@ -41,7 +41,6 @@ from .call import Call
 from .cost import Profile
 from .device import D2H_BETA
 from .settings import Settings, log, settings
-from .transport import forget_plans
 
 __all__ = ["DEFAULT", "MARGIN", "choose", "predict_time", "profile_of", "set_profile", "profile_path", "Tuner",
            "learned", "save_learned"]
@@ -87,7 +86,17 @@ def set_profile(t: Any, prof: Profile) -> None:
     for g in [t, *getattr(t, "devices", {}).values()]:   # the device calls' choices too
         g.choices.clear()
         g.tuners.clear()
-    forget_plans()
+    changed()
+
+
+#: called when choices made so far may be stale (a profile installed, a tuner's switch):
+#: the call pipeline empties its plans (`api.forget_plans`)
+ON_CHANGE: list = []
+
+
+def changed() -> None:
+    for fn in ON_CHANGE:
+        fn()
 
 
 def _interp(points: list, n: int) -> float | None:

@@ -21,11 +21,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from .backend import Phantom, phantom
-from .api import Edge, call_plan, execute, flat_view, group, label, request, send_recv_plan
+from .api import CACHE, PLANS, Edge, Memo, call_plan, execute, flat_view, group, label, request, send_recv_plan
 from .requests import Persistent, Request, progress, testall, waitall
 from .call import Call, block_counts, offsets
 from .ops import OPS
-from .transport import IN_PLACE, LAST, PLANS
+from .transport import IN_PLACE
 
 #: the public calls (re-exported by `ringmpi`); the specs are `SPECS` and `spec(name)`
 __all__ = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "shift", "shared_empty",
@@ -435,7 +435,7 @@ def spec(name: str) -> Collective:
 
 
 # -- the public calls ------------------------------------------------------------------------
-# Each call looks first at the last call of the same function (`_remembered`: the very same
+# Each call looks first at the last call of the same function (`_remembered`, its `api.Memo`: the very same
 # arrays and arguments, by identity, as a training loop passes every step), then for a plan
 # kept by an earlier call of the same shape (`api.execute`): the key is the collective, the
 # communicator, the algorithm, the other arguments, and the buffers' dtype and shape (and
@@ -454,32 +454,23 @@ def _key(ok: bool, spec: Collective, comm: Any, algorithm: Any, extra: Any, send
         return None
 
 
-def _memo(name: str) -> list:
-    """The last call of public function `name` (`LAST`): weak references to its send buffer
-    and result buffer (None: a new result; True: in place), its other arguments, its
-    communicator and algorithm, its plan (None once `forget_plans` ran), the send buffer's
-    dtype, and the given result buffer's dtype; then, for `_through`, the calls to let pass
-    before remembering again, and the last such pause."""
-    return LAST.setdefault(name, [None] * 8 + [0, 0])
-
-
-def _remembered(m: list, sendbuf: Any, recvbuf: Any, extra: Any, comm: Any, algorithm: Any) -> Any:
+def _remembered(m: Memo, sendbuf: Any, recvbuf: Any, extra: Any, comm: Any, algorithm: Any) -> Any:
     """The plan of the last call (memo `m`) when this call passes the very same arrays (the
     same memory; with the dtypes they had then: `x.dtype = ...` keeps the object; a shape
     set so is read by the plans) and equal other arguments, else None."""
-    plan = m[5]
-    if plan is None or m[0]() is not sendbuf or m[3] is not comm or m[4] is not algorithm or \
-            sendbuf.dtype is not m[6] or not m[2] == extra:
+    plan = m.plan
+    if plan is None or m.send() is not sendbuf or m.comm is not comm or m.algorithm is not algorithm or \
+            sendbuf.dtype is not m.send_dtype or not m.extra == extra:
         return None
-    r = m[1]
+    r = m.recv
     if r is None:
         return plan if recvbuf is None else None
     if r is True:
         return plan if recvbuf is sendbuf else None
-    return plan if r() is recvbuf and recvbuf.dtype is m[7] else None
+    return plan if r() is recvbuf and recvbuf.dtype is m.recv_dtype else None
 
 
-def _remember(m: list, plan: Any, sendbuf: Any, recvbuf: Any, extra: Any, comm: Any, algorithm: Any) -> None:
+def _remember(m: Memo, plan: Any, sendbuf: Any, recvbuf: Any, extra: Any, comm: Any, algorithm: Any) -> None:
     """Keep this call in memo `m`, once it went through (a call the plan refused raised): a
     direct plan's checks (overlap, layout) hold for these very arrays from now on, when
     neither is a view (`same_buffers`)."""
@@ -488,33 +479,36 @@ def _remember(m: list, plan: Any, sendbuf: Any, recvbuf: Any, extra: Any, comm: 
                                                                          recvbuf.base is None)):
         same = None
     try:
-        m[:8] = (weakref.ref(sendbuf), None if recvbuf is None else True if recvbuf is sendbuf else weakref.ref(recvbuf),
-                 extra, comm, algorithm, same or plan, sendbuf.dtype, None if recvbuf is None else recvbuf.dtype)
+        send = weakref.ref(sendbuf)
+        recv = None if recvbuf is None else True if recvbuf is sendbuf else weakref.ref(recvbuf)
     except TypeError:   # an array type without weak references: no memo
-        m[5] = None
+        m.plan = None
+        return
+    m.send, m.recv, m.extra, m.comm, m.algorithm, m.plan = send, recv, extra, comm, algorithm, same or plan
+    m.send_dtype, m.recv_dtype = sendbuf.dtype, None if recvbuf is None else recvbuf.dtype
 
 
-def _through(m: list, plan: Any, sendbuf: Any, recvbuf: Any, extra: Any, comm: Any, algorithm: Any) -> Any:
+def _through(m: Memo, plan: Any, sendbuf: Any, recvbuf: Any, extra: Any, comm: Any, algorithm: Any) -> Any:
     """Run a plan found by its key, and remember the call in memo `m`, unless the arrays
     remembered last had died by this call: a loop that passes new arrays every call would
     pay ~200 ns a call for remembering them and never be served, so the memo then backs off
     (skips 1, 3, 7, ... up to 64 calls before it remembers again; kept arrays are served
     from the call after)."""
     out = plan(sendbuf, recvbuf)
-    if m[8]:
-        m[8] -= 1
-        m[5] = None   # (what it holds died: the next call's check stops at once)
+    if m.skip:
+        m.skip -= 1
+        m.plan = None   # (what it holds died: the next call's check stops at once)
         return out
-    if m[0] is not None and (m[0]() is None or type(m[1]) is weakref.ReferenceType and m[1]() is None):
-        m[9] = m[8] = min(2 * m[9] + 1, 64)
+    if m.send is not None and (m.send() is None or type(m.recv) is weakref.ReferenceType and m.recv() is None):
+        m.pause = m.skip = min(2 * m.pause + 1, 64)
     else:
-        m[9] = 0
+        m.pause = 0
     _remember(m, plan, sendbuf, recvbuf, extra, comm, algorithm)
     return out
 
 
 _LAST_ALLREDUCE, _LAST_REDUCE_SCATTER, _LAST_ALLGATHER, _LAST_BROADCAST, _LAST_REDUCE, _LAST_ALLTOALL = (
-    _memo(name) for name in ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall"))
+    CACHE.memo(name) for name in ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall"))
 
 
 def allreduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any = "sum",
@@ -540,11 +534,11 @@ def allreduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any
         >>> s = ringmpi.allreduce(np.arange(3.0), algorithm="ring")   # [0, 4, 8] on every rank
     """
     m = _LAST_ALLREDUCE   # `_remembered`, inlined: the hot path of a training loop (~70 ns less)
-    plan = m[5]
-    if plan is not None and m[0]() is sendbuf and m[2] is op and m[3] is comm and m[4] is algorithm and \
-            sendbuf.dtype is m[6] and (recvbuf is None if m[1] is None else
-                                       recvbuf is sendbuf if m[1] is True else
-                                       m[1]() is recvbuf and recvbuf.dtype is m[7]):
+    plan = m.plan
+    if plan is not None and m.send() is sendbuf and m.extra is op and m.comm is comm and m.algorithm is algorithm \
+            and sendbuf.dtype is m.send_dtype and (recvbuf is None if m.recv is None else
+                                                   recvbuf is sendbuf if m.recv is True else
+                                                   m.recv() is recvbuf and recvbuf.dtype is m.recv_dtype):
         return plan(sendbuf, recvbuf)
     plan = PLANS.get(key := _key(True, _ALLREDUCE, comm, algorithm, id(op), sendbuf, recvbuf))
     if plan is None:

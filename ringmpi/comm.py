@@ -7,12 +7,15 @@
 `Comm` is a subclass of `MPI.Intracomm` holding the same MPI handle as the communicator it
 wraps (no MPI_Comm_dup): `isinstance(comm, MPI.Intracomm)` holds, C extensions that take the
 communicator's handle work, and every method ringmpi does not override (point-to-point,
-the lower-case object collectives, Gather, Scan, non-blocking and persistent calls,
-attributes, ...) is mpi4py's own. `Dup`, `Split`, `Split_type`, `Create`, `Create_group`,
+the lower-case object collectives, Gather, Scan, the nonblocking and persistent forms of
+those, attributes, ...) is mpi4py's own. `Dup`, `Split`, `Split_type`, `Create`, `Create_group`,
 `Clone` and `Idup` return `Comm`s with the same algorithm choices.
 
 The overridden calls are Allreduce, Reduce, Bcast, Allgather, Allgatherv (contiguous
-displacements), Alltoall, Reduce_scatter_block and Reduce_scatter. Each parses its buffer
+displacements), Alltoall, Reduce_scatter_block and Reduce_scatter; the nonblocking
+Iallreduce, Ireduce, Ibcast, Iallgather, Ialltoall, Ireduce_scatter_block (`_Request`) and
+the persistent Allreduce_init, Reduce_init, Bcast_init, Allgather_init, Alltoall_init,
+Reduce_scatter_block_init (`_Persistent`) run as ringmpi's requests. Each parses its buffer
 specifications as mpi4py does (`buf`, `[buf, type]`, `[buf, count, type]`,
 `[buf, (count, displ), type]`, `[buf, count, displ, type]`, `MPI.IN_PLACE` or None) into
 numpy views of the same memory, and runs ringmpi's collective on them. A call ringmpi cannot
@@ -47,7 +50,7 @@ from . import collectives as _c
 from .api import algorithms, request
 from .errors import RingmpiUsageError
 from .ops import SUPPORTED_DTYPES, check_op_dtype
-from .transport import GENERATION, LAST
+from .api import CACHE
 
 __all__ = ["Comm", "COLLECTIVES", "stats"]
 
@@ -254,7 +257,7 @@ class Comm(MPI.Intracomm):
         >>> comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
     """
     _algorithms: dict[str, str] = {}   # class default: objects mpi4py makes itself (Dup) get "auto"
-    _hot: dict | None = None           # Allreduce's hot path: id(recvbuf) -> (op, generation, send, recv, plan, in place)
+    _hot: dict | None = None           # Allreduce's hot path: id(recvbuf) -> `_Hot`
 
     def __new__(cls, comm: MPI.Intracomm | None = None, **algorithm: str) -> "Comm":
         comm = MPI.COMM_WORLD if comm is None else comm
@@ -327,9 +330,10 @@ class Comm(MPI.Intracomm):
         hot = self._hot
         if hot is not None:
             hit = hot.get(id(recvbuf))
-            if hit is not None and hit[0] is op and hit[1] == GENERATION[0] and hit[2]() is sendbuf and \
-                    hit[3]() is recvbuf and recvbuf.dtype is hit[6] and (hit[5] or sendbuf.dtype is hit[7]):
-                hit[4](recvbuf if hit[5] else sendbuf, recvbuf)
+            if hit is not None and hit.op is op and hit.generation == CACHE.generation and hit.send() is sendbuf \
+                    and hit.recv() is recvbuf and recvbuf.dtype is hit.recv_dtype and \
+                    (hit.in_place or sendbuf.dtype is hit.send_dtype):
+                hit.plan(recvbuf if hit.in_place else sendbuf, recvbuf)
                 return
         CALLS["Allreduce"] += 1
         got = _reduction(sendbuf, recvbuf, op)
@@ -349,18 +353,19 @@ class Comm(MPI.Intracomm):
     def _remember(self, sendbuf: Any, recvbuf: Any, op: Any, sv: np.ndarray, rv: np.ndarray) -> None:
         """Keep the plan ringmpi's allreduce memo holds for these very arrays (plain ndarrays
         that needed no view), so that the next identical call goes straight to it."""
-        memo = tuple(LAST["allreduce"])   # one copy: another thread's call may rewrite the memo meanwhile
+        memo = CACHE.memo("allreduce")
+        plan, send, comm = memo.plan, memo.send, memo.comm   # (one read each: another thread may rewrite it)
         in_place = sv is rv
-        if rv is not recvbuf or not in_place and sv is not sendbuf or memo[5] is None or memo[0]() is not sv \
-                or memo[3] is not self:
+        if rv is not recvbuf or not in_place and sv is not sendbuf or plan is None or send() is not sv \
+                or comm is not self:
             return
         hot = self._hot
         if hot is None or len(hot) >= _HOT_SIZE:
             hot = self._hot = {}
         send_ref = (lambda v=sendbuf: v) if in_place else weakref.ref(sendbuf)
         # (and the arrays' dtypes, which can be set in place)
-        hot[id(recvbuf)] = (op, GENERATION[0], send_ref, weakref.ref(recvbuf), memo[5], in_place, recvbuf.dtype,
-                            None if in_place else sendbuf.dtype)
+        hot[id(recvbuf)] = _Hot(op, CACHE.generation, send_ref, weakref.ref(recvbuf), plan, in_place, recvbuf.dtype,
+                                None if in_place else sendbuf.dtype)
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0) -> None:
         if not self._serve("Reduce", self._reduce(sendbuf, recvbuf, op, root)):
@@ -583,6 +588,22 @@ class Comm(MPI.Intracomm):
 
 
 @dataclass
+class _Hot:
+    """One entry of Allreduce's hot path (`Comm._remember`): the call's op, the plan cache's
+    generation then, the arrays (weak references; in place: the buffer itself), the plan
+    ringmpi's allreduce memo held for them, and the arrays' dtypes then."""
+    __slots__ = ("op", "generation", "send", "recv", "plan", "in_place", "recv_dtype", "send_dtype")
+    op: Any
+    generation: int
+    send: Any
+    recv: Any
+    plan: Any
+    in_place: bool
+    recv_dtype: Any
+    send_dtype: Any
+
+
+@dataclass
 class _Served:
     """An mpi4py call ringmpi serves, parsed: the collective, its public function's
     arguments (views of the caller's memory), and what to do with the result once the call
@@ -631,6 +652,7 @@ class _Request(MPI.Grequest):
         def done(ring: Any) -> None:
             if then is not None and ring.error is None:
                 then(ring.result)
+            ring.waited = True     # (MPI's own waits complete it from here on: not "forgotten")
             req.Complete()
         try:
             req._ring = request(_c.SPECS[served.collective], comm, algorithm, served.args, on_done=done)

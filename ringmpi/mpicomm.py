@@ -50,7 +50,8 @@ from .device import DeviceGroup, Support
 from .errors import RingmpiError
 from .ops import CANONICAL, OPS, op_name
 from .settings import log, settings
-from .transport import IN_PLACE, LRU, CountedMemory, Counters, PrivateMemory, ReceiveThenReduce, forget_plans, split_nodes
+from .api import forget_plans
+from .transport import IN_PLACE, LRU, CountedMemory, Counters, PrivateMemory, ReceiveThenReduce, split_nodes
 
 __all__ = ["MPI", "MPITransport", "RequestView", "transport", "world_position", "abort_on_exception", "selection_default", "library_version", "mpi_standard", "mpi4py_version", "INT_MAX", "cuda_support"]
 
@@ -775,6 +776,7 @@ def abort_on_exception(tp: type, value: BaseException, tb: Any) -> None:
 
 def _delete(_comm: Any, _key: int, t: MPITransport) -> None:
     forget_plans()
+    requests.engine().report(t, "when their communicator was freed")
     t.release()
     global _LAST
     if _LAST is not None and _LAST[1] is t:
@@ -792,6 +794,7 @@ def _at_finalize(_comm: Any, _key: int, _value: Any) -> None:
 _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete)
 MPI.COMM_SELF.Set_attr(MPI.Comm.Create_keyval(delete_fn=_at_finalize), True)
 atexit.register(stall.finish)
+atexit.register(lambda: requests.engine().at_exit() if requests.ACTIVE or requests.engine().unwaited else None)
 _LAST: "tuple[Any, MPITransport] | None" = None   # (user communicator, its transport): the one-entry fast path
 _MAKING = threading.Lock()                    # guards _MAKERS
 _MAKERS: "dict[int, threading.Lock]" = {}     # communicator handle -> the lock of its transport's set-up

@@ -413,8 +413,18 @@ class Engine:
     # -- what was never waited for ---------------------------------------------------------
     def forgotten(self, group: Any = None) -> list[Request]:
         with self.lock:
-            every = self.active + [r for r in self.unwaited if not r.waited]
-        return [r for r in every if group is None or r.group is group]
+            every = self.active + self.unwaited
+        return [r for r in every if not r.waited and (group is None or r.group is group)]
+
+    def at_exit(self, seconds: float = 2.0) -> None:
+        """The process is exiting (before MPI_Finalize): name the requests never waited
+        for, then give those still in flight up to `seconds` to complete (the peers may be
+        waiting for this rank's part; MPI_Finalize with messages in flight can wait forever)."""
+        self.report()
+        end = time.monotonic() + seconds
+        while self.active and time.monotonic() < end:
+            if not self.advance_mine():
+                time.sleep(1e-3)
 
     def report(self, group: Any = None, why: str = "at exit") -> None:
         """Name on stderr the requests never waited for (of `group`, or all)."""

@@ -22,28 +22,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, runtime_checkable
 
-__all__ = ["Counters", "Memory", "Transport", "CountedMemory", "PrivateMemory", "Group", "IN_PLACE", "LRU", "PLANS", "LAST", "GENERATION", "forget_plans", "ReceiveThenReduce", "SubGroup", "split_nodes"]
-
-#: The fast-path plan cache (`ringmpi.api`): a validated call shape -> a callable that serves
-#: the next identical calls. Emptied (`forget_plans`) whenever what a plan assumed changes:
-#: the settings, a communicator's profile, an online-tuning decision, a freed communicator.
-PLANS: dict = {}
-#: Per public function, the last call's (weakref to sendbuf, recvbuf: None, True for the
-#: send buffer or a weakref, op, comm, algorithm, plan): the fast path's first look, by
-#: identity, before any hashing (`ringmpi.allreduce` in a training loop calls it with the
-#: same buffers every step).
-LAST: dict = {}
-#: bumped by forget_plans: a cache that holds plans elsewhere (ringmpi.Comm) checks it
-GENERATION = [0]
-
-
-def forget_plans() -> None:
-    """Drop every plan (settings, profile or tuner decision changed; a communicator freed)."""
-    GENERATION[0] += 1
-    PLANS.clear()
-    for memo in LAST.values():
-        memo[5] = None
-
+__all__ = ["Counters", "Memory", "Transport", "CountedMemory", "PrivateMemory", "Group", "IN_PLACE", "LRU", "ReceiveThenReduce", "SubGroup", "split_nodes"]
 
 class _InPlace:
     """Stands for MPI_IN_PLACE in `Group.library` calls (translated by the MPI transport)."""

@@ -206,7 +206,7 @@ def test_raw_sendrecv_splits_above_the_count_limit():
 def test_auto_tunes_device_calls_apart_from_host_calls_and_keeps_plans():
     """auto on device buffers learns online like on the host, in its own tuners (keyed by
     the memory: host timings do not carry over), and repeated calls get a kept plan."""
-    from ringmpi.transport import PLANS
+    from ringmpi.api import PLANS
     x = data(50_000, "float32", 9)
     ref = ringmpi.allreduce(x.copy(), algorithm="mpi")
     g = group(None)

@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 import ringmpi
 from ringmpi.api import group
-from ringmpi.transport import PLANS
+from ringmpi.api import PLANS
 
 COMM = MPI.COMM_WORLD
 P, R = COMM.size, COMM.rank
@@ -190,7 +190,7 @@ def test_the_same_arrays_with_a_dtype_or_shape_set_in_place(collective, alg, rng
     straight to the plan); `x.dtype = ...` and `x.shape = ...` keep the object, so the
     memo must not serve it as it was: the next call reduces, and shapes, what the arrays
     are now."""
-    from ringmpi.transport import LAST
+    from ringmpi.api import CACHE
     n = 4 * P
     x = rng.integers(1, 1 << 20, n).astype(np.float32)
     root = 1 % P
@@ -205,7 +205,7 @@ def test_the_same_arrays_with_a_dtype_or_shape_set_in_place(collective, alg, rng
     for _ in range(70):   # (past auto's exploration, and a pause of the memo after other tests' arrays died)
         got, want = same_arrays(), reference(collective, x, root)
         assert (got is None and want is None) or np.array_equal(got, want)
-    assert LAST[collective][5] is not None          # the memo holds these arrays' plan
+    assert CACHE.memo(collective).plan is not None   # the memo holds these arrays' plan
     for a in (x, out, buf):
         a.dtype = np.int32                          # the same objects, the same bytes
     got, want = same_arrays(), reference(collective, x, root)
@@ -223,10 +223,10 @@ def test_the_memo_follows_the_arrays_a_loop_passes(monkeypatch):
     result array every call stops paying for remembering them (~200 ns a call), and a loop
     with kept arrays is then remembered again and served."""
     import ringmpi.collectives as C
-    from ringmpi.transport import LAST
+    from ringmpi.api import CACHE
     kept, real = [], C._remember    # (a count: keeping the arrays would keep them alive)
     monkeypatch.setattr(C, "_remember", lambda m, plan, s, r, *a: (kept.append(None), real(m, plan, s, r, *a)))
-    m = LAST["alltoall"]
+    m = CACHE.memo("alltoall")
     x = np.arange(4.0 * P)
     want = reference("alltoall", x)
     for _ in range(40):
@@ -237,7 +237,7 @@ def test_the_memo_follows_the_arrays_a_loop_passes(monkeypatch):
     y = np.empty_like(x)
     for _ in range(70):                          # the pause (at most 64 calls) ends
         assert np.array_equal(ringmpi.alltoall(x, y, algorithm="mpi"), want)
-    assert m[5] is not None and m[1]() is y      # kept arrays: remembered
+    assert m.plan is not None and m.recv() is y   # kept arrays: remembered
     seq, n = group().seq, len(kept)
     for _ in range(3):
         assert np.array_equal(ringmpi.alltoall(x, y, algorithm="mpi"), want)
