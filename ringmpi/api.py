@@ -92,6 +92,7 @@ def _mpi() -> Any:
     call, never at `import ringmpi`: the simulator, the model and the CLI's help run without MPI."""
     if not _MPI:
         from . import mpicomm
+        mpicomm.ON_FREE.append(forget_plans)
         _MPI.append(mpicomm)
     return _MPI[0]
 

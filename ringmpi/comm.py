@@ -36,6 +36,7 @@ which reach MPI through the transport in mpicomm).
 """
 from __future__ import annotations
 
+import mmap
 import operator
 import weakref
 from collections import Counter
@@ -47,7 +48,8 @@ from mpi4py import MPI
 from mpi4py.util import dtlib
 
 from . import collectives as _c
-from .api import algorithms, request
+from .api import algorithms, group, request
+from .requests import ACTIVE, progress
 from .errors import RingmpiUsageError
 from .ops import SUPPORTED_DTYPES, check_op_dtype
 from .api import CACHE
@@ -224,6 +226,49 @@ def _message(msg: Any, writable: bool) -> _Msg | None:
     return _Msg(a, count)
 
 
+_BYTES_LIKE = (bytearray, mmap.mmap, memoryview)
+_LABELS = {"Allreduce": "allreduce/mpi", "Bcast": "broadcast/mpi", "Allgather": "allgather/mpi",
+           "Alltoall": "alltoall/mpi"}
+
+
+def _form(msg: Any) -> Any:
+    """What decides a call of an mpi4py buffer specification `[buf, count, type]` or
+    `[buf, type]` over bytes-like memory (not a numpy array: those have ringmpi's own fast
+    path), or MPI.IN_PLACE: the buffer's type, the count (or the bytes) and the datatype;
+    None for anything else."""
+    if msg is MPI.IN_PLACE:
+        return True
+    if type(msg) is not list and type(msg) is not tuple:
+        return None
+    n = len(msg)
+    if n == 3:
+        buf, count, dt = msg
+        if type(count) is not int:
+            return None
+    elif n == 2:
+        buf, dt = msg
+        if type(buf) is memoryview:
+            return None
+        count = -len(buf)      # (the whole buffer: its bytes)
+    else:
+        return None
+    if type(buf) not in _BYTES_LIKE or type(dt) is not MPI.Datatype:
+        return None
+    return type(buf), count, id(dt)
+
+
+def _forms(a: Any, b: Any, extra: Any) -> tuple | None:
+    """The key of a call's buffer forms (`_form` of both; `b` None: one buffer) and its other
+    arguments, or None when a form is not one `Comm._passes` serves."""
+    fa = _form(a)
+    if fa is None:
+        return None
+    if b is None:
+        return fa, extra
+    fb = _form(b)
+    return None if fb is None or fb is True else (fa, fb, extra)
+
+
 def _in_place(x: Any) -> bool:
     return x is None or x is MPI.IN_PLACE
 
@@ -258,6 +303,8 @@ class Comm(MPI.Intracomm):
     """
     _algorithms: dict[str, str] = {}   # class default: objects mpi4py makes itself (Dup) get "auto"
     _hot: dict | None = None           # Allreduce's hot path: id(recvbuf) -> `_Hot`
+    _through: dict | None = None       # (method, buffer forms) -> the plan generation (`_note`)
+    _t: Any = None                     # this communicator's transport
 
     def __new__(cls, comm: MPI.Intracomm | None = None, **algorithm: str) -> "Comm":
         comm = MPI.COMM_WORLD if comm is None else comm
@@ -335,12 +382,19 @@ class Comm(MPI.Intracomm):
                     (hit.in_place or sendbuf.dtype is hit.send_dtype):
                 hit.plan(recvbuf if hit.in_place else sendbuf, recvbuf)
                 return
+        key = _forms(sendbuf, recvbuf, id(op))
+        if key is not None and self._passes("Allreduce", key, sendbuf, recvbuf, op):
+            return
         CALLS["Allreduce"] += 1
         got = _reduction(sendbuf, recvbuf, op)
         if got is not None:
             sv, rv, name = got
             _c.allreduce(sv, rv, op=name, comm=self, algorithm=self._alg("allreduce"))
             self._remember(sendbuf, recvbuf, op, sv, rv)
+            # (MPI reduces MPI_BYTE with the bitwise ops only, and ringmpi's MAX/MIN of floats is not MPI's)
+            if key is not None and (name in ("BAND", "BOR", "BXOR") or recvbuf[-1] is not MPI.BYTE) and not (
+                    name in ("MAX", "MIN") and rv.dtype.kind == "f"):
+                self._note("Allreduce", key)
             return
         PASSED["Allreduce"] += 1
         super().Allreduce(sendbuf, recvbuf, op)
@@ -385,7 +439,10 @@ class Comm(MPI.Intracomm):
         return None
 
     def Bcast(self, buf: Any, root: int = 0) -> None:
-        if not self._serve("Bcast", self._bcast(buf, root)):
+        key = _forms(buf, None, root)
+        if key is not None and self._passes("Bcast", key, buf, root):
+            return
+        if not self._serve("Bcast", self._bcast(buf, root), key):
             super().Bcast(buf, root)
 
     def _bcast(self, buf: Any, root: Any) -> "_Served | None":
@@ -401,7 +458,10 @@ class Comm(MPI.Intracomm):
         return _Served("broadcast", dict(buf=v, root=root))
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
-        if not self._serve("Allgather", self._blocks("allgather", sendbuf, recvbuf, whole_send=False)):
+        key = _forms(sendbuf, recvbuf, None)
+        if key is not None and self._passes("Allgather", key, sendbuf, recvbuf):
+            return
+        if not self._serve("Allgather", self._blocks("allgather", sendbuf, recvbuf, whole_send=False), key):
             super().Allgather(sendbuf, recvbuf)
 
     def _blocks(self, collective: str, sendbuf: Any, recvbuf: Any, whole_send: bool) -> "_Served | None":
@@ -420,14 +480,66 @@ class Comm(MPI.Intracomm):
             return _Served(collective, dict(sendbuf=sv, recvbuf=rv))
         return None
 
-    def _serve(self, method: str, served: "_Served | None") -> bool:
-        """Run a parsed call (`_Served`) through ringmpi; False: mpi4py serves it."""
+    def _serve(self, method: str, served: "_Served | None", key: tuple | None = None) -> bool:
+        """Run a parsed call (`_Served`) through ringmpi; False: mpi4py serves it. `key`: the
+        call's buffer forms (`_forms`), noted when the call ran MPI's own (`_note`)."""
         CALLS[method] += 1
         if served is None:
             PASSED[method] += 1
             return False
         self._run(served)
+        if key is not None:
+            self._note(method, key)
         return True
+
+    # -- buffer specifications MPI reads as they are: the decision kept, the parsing skipped --
+    def _note(self, method: str, key: tuple) -> None:
+        """The call just served ran MPI's own collective as ringmpi's choice for its shape
+        (auto settled on it, or it was asked for): the next calls with the same buffer forms
+        (`_forms`: [buf, count, type] over bytes-like memory, the same count, type and
+        arguments) go to mpi4py with the user's own specifications (`_passes`), skipping the
+        numpy views and checks that cost 5-15 us against a 1-2 us call. Kept until the plans
+        are forgotten (a tuner's switch, new settings or profile, a freed communicator)."""
+        choice = self._transport().last_choice or {}
+        tuner = choice.get("tuner")
+        if choice.get("algorithm") == "mpi" and (tuner is None or tuner.winner == "mpi"):
+            through = self._through
+            if through is None or len(through) >= 64:
+                through = self._through = {}
+            through[method, key] = CACHE.generation
+
+    def _passes(self, method: str, key: tuple, *args: Any) -> bool:
+        """MPI's own `method` on the user's arguments when `_note` kept its forms (the stall
+        watch's bookkeeping as a direct plan's; an argument mpi4py refuses goes back to the
+        full path, which explains or serves it)."""
+        through = self._through
+        if through is None or through.get((method, key)) != CACHE.generation:
+            return False
+        t = self._transport()
+        if ACTIVE:
+            progress()
+        t.current = t.seq = t.seq + 1
+        t.busy = _LABELS[method]
+        try:
+            getattr(MPI.Intracomm, method)(self, *args)
+        except (BufferError, ValueError, TypeError):
+            t.current = t.seq = t.seq - 1
+            t.busy = None
+            del through[method, key]
+            return False
+        except BaseException as err:   # (MPI's own error: the other ranks are told, as in a plan)
+            raised = t.failed(err)
+            t.busy = None
+            raise raised from err
+        t.busy = None
+        CALLS[method] += 1
+        return True
+
+    def _transport(self) -> Any:
+        t = self._t
+        if t is None or t.freed:
+            t = self._t = group(self)
+        return t
 
     def _run(self, served: "_Served") -> None:
         result = getattr(_c, served.collective)(**served.args, comm=self, algorithm=self._alg(served.collective))
@@ -491,7 +603,10 @@ class Comm(MPI.Intracomm):
         return m.flat[:total], counts
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
-        if not self._serve("Alltoall", self._blocks("alltoall", sendbuf, recvbuf, whole_send=True)):
+        key = _forms(sendbuf, recvbuf, None)
+        if key is not None and self._passes("Alltoall", key, sendbuf, recvbuf):
+            return
+        if not self._serve("Alltoall", self._blocks("alltoall", sendbuf, recvbuf, whole_send=True), key):
             super().Alltoall(sendbuf, recvbuf)
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:

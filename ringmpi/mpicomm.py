@@ -50,7 +50,6 @@ from .device import DeviceGroup, Support
 from .errors import RingmpiError
 from .ops import CANONICAL, OPS, op_name
 from .settings import log, settings
-from .api import forget_plans
 from .transport import IN_PLACE, LRU, CountedMemory, Counters, PrivateMemory, ReceiveThenReduce, split_nodes
 
 __all__ = ["MPI", "MPITransport", "RequestView", "transport", "world_position", "abort_on_exception", "selection_default", "library_version", "mpi_standard", "mpi4py_version", "INT_MAX", "cuda_support"]
@@ -774,8 +773,13 @@ def abort_on_exception(tp: type, value: BaseException, tb: Any) -> None:
               "(RINGMPI_ABORT_ON_EXCEPTION=0 turns this off)\n", MPI.COMM_WORLD.Abort, 1)
 
 
+#: called when a communicator's transport is freed (the call pipeline forgets its plans)
+ON_FREE: list = []
+
+
 def _delete(_comm: Any, _key: int, t: MPITransport) -> None:
-    forget_plans()
+    for fn in ON_FREE:
+        fn()
     requests.engine().report(t, "when their communicator was freed")
     t.release()
     global _LAST

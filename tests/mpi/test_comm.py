@@ -302,6 +302,45 @@ def test_repeated_calls_stay_correct(comm, rng):
     assert np.array_equal(b, mx)
 
 
+def test_repeated_calls_on_bytes_like_buffers(comm):
+    """mpi4py's demo style, repeated: [buf, count, type] lists over mmap and bytearray
+    buffers, IN_PLACE, with MPI's own chosen (the forms kept, the parsing skipped) and with
+    ringmpi's ring: the same bytes as mpi4py's own, a new buffer object every few calls, and
+    MPI.BYTE summed (which MPI refuses and ringmpi serves as unsigned bytes) still summed."""
+    import mmap
+    for alg in ("mpi", "ring"):
+        c = ringmpi.Comm(WORLD, allgather=alg, broadcast="pipeline" if alg == "ring" else alg,
+                         alltoall="pairwise" if alg == "ring" else alg, allreduce=alg)
+        buf = mmap.mmap(-1, 64 * P)
+        for i in range(40):
+            n = 1 + i % 3
+            if i % 7 == 6:
+                buf = mmap.mmap(-1, 64 * P)     # a new buffer object of the same form
+            mine = bytes([(R * 16 + i + k) % 256 for k in range(n)])
+            buf[R * n:(R + 1) * n] = mine
+            c.Allgather(MPI.IN_PLACE, [buf, n, MPI.BYTE])
+            assert buf[:n * P] == b"".join(bytes([(q * 16 + i + k) % 256 for k in range(n)]) for q in range(P)), (alg, i)
+            b = bytearray(b"%02d" % i * 4) if R == i % P else bytearray(8)
+            c.Bcast([b, 8, MPI.BYTE], root=i % P)
+            assert bytes(b) == b"%02d" % i * 4, (alg, i)
+            send = bytearray(bytes([R * P + q for q in range(P)]))
+            recv = bytearray(P)
+            c.Alltoall([send, 1, MPI.BYTE], [recv, 1, MPI.BYTE])
+            assert list(recv) == [q * P + R for q in range(P)], (alg, i)
+            acc = bytearray([R + 1, 1 << (R % 8)])
+            c.Allreduce(MPI.IN_PLACE, [acc, 2, MPI.BYTE], op=MPI.BOR)
+            assert acc[1] == np.bitwise_or.reduce([1 << (q % 8) for q in range(P)]), (alg, i)
+            ints = np.full(3, R + i, np.int32)
+            out = bytearray(12)
+            c.Allreduce([bytearray(ints.tobytes()), 3, MPI.INT], [out, 3, MPI.INT], op=MPI.SUM)
+            assert np.frombuffer(out, np.int32).tolist() == [sum(q + i for q in range(P))] * 3, (alg, i)
+        s = bytearray([1, 2])
+        c.Allreduce(MPI.IN_PLACE, [s, 2, MPI.BYTE], op=MPI.SUM)
+        assert list(s) == [P % 256, 2 * P % 256]
+        kept = {m for m, _ in (c._through or {})}
+        assert kept == ({"Allgather", "Bcast", "Alltoall", "Allreduce"} if alg == "mpi" else set()), kept
+
+
 def test_run_installs_the_wrapper():
     import pickle
 
