@@ -81,7 +81,10 @@ def stats() -> dict[str, tuple[int, int]]:
     collective called so far (RINGMPI_DEBUG=INFO prints it at the end of `ringmpi.run`).
     Allreduce's repeats on the same arrays (its hot path, which counts nothing) are not
     included: they run as the first such call did."""
-    return {m: (n, PASSED[m]) for m, n in sorted(CALLS.items())}
+    calls = Counter(CALLS)
+    for kept in _ALL_KEPT:
+        calls[kept.method] += kept.calls
+    return {m: (n, PASSED[m]) for m, n in sorted(calls.items())}
 
 
 def _op(op: Any, dtype: np.dtype) -> str | None:
@@ -231,6 +234,82 @@ _LABELS = {"Allreduce": "allreduce/mpi", "Bcast": "broadcast/mpi", "Allgather": 
            "Alltoall": "alltoall/mpi"}
 
 
+_ALL_KEPT: list = []   # every `_Kept` (for `stats`: the calls each passed)
+
+
+class _Kept:
+    """Buffer forms of one method that ringmpi decided are MPI's own (`Comm._note`), and
+    the plan cache's generation then (a tuner's switch, new settings or profile, a freed
+    communicator forget them): `run` compares a call's specifications with them field by
+    field (no key built, nothing hashed), then calls MPI's own on them as they are, with
+    the stall watch's bookkeeping of a direct plan; an argument mpi4py refuses goes back to
+    the full path, which explains or serves it."""
+    __slots__ = ("method", "function", "label", "generation", "a", "b", "extra", "calls")
+
+    def __init__(self, method: str, key: tuple, generation: int) -> None:
+        self.method, self.function, self.label = method, getattr(MPI.Intracomm, method), _LABELS[method]
+        self.generation = generation
+        self.a, self.b, self.extra = (key[0], None, key[1]) if len(key) == 2 else key
+        self.calls = 0
+        _ALL_KEPT.append(self)
+        del _ALL_KEPT[:-256]
+
+    def run(self, comm: "Comm", a: Any, b: Any, c: Any, extra: Any) -> bool:
+        """MPI's own `method(a, b[, c])` if the call fits (`b` is the second buffer, or for
+        a one-buffer call its root); False: the caller takes the full path."""
+        if self.generation != CACHE.generation or extra is not self.extra and extra != self.extra:
+            return False
+        form = self.a   # (inline `_fits`: a function call costs as much as the comparison)
+        if form is True:
+            if a is not MPI.IN_PLACE:
+                return False
+        elif (type(a) is not list and type(a) is not tuple) or len(a) != 3 or a[2] is not form[2] or \
+                a[1] != form[1] or type(a[0]) is not form[0] or type(a[1]) is not int:
+            if not _fits(a, form):
+                return False
+        form = self.b
+        if form is not None and ((type(b) is not list and type(b) is not tuple) or len(b) != 3 or
+                                 b[2] is not form[2] or b[1] != form[1] or type(b[0]) is not form[0] or
+                                 type(b[1]) is not int) and not _fits(b, form):
+            return False
+        t = comm._t
+        if t is None or t.freed:
+            t = comm._transport()
+        if ACTIVE:
+            progress()
+        t.current = t.seq = t.seq + 1
+        t.busy = self.label
+        try:
+            if c is None:
+                self.function(comm, a, b)
+            else:
+                self.function(comm, a, b, c)
+        except (BufferError, ValueError, TypeError):
+            t.current = t.seq = t.seq - 1
+            t.busy = None
+            comm._kept.pop(self.method, None)
+            return False
+        except BaseException as err:   # (MPI's own error: the other ranks are told, as in a plan)
+            raised = t.failed(err)
+            t.busy = None
+            raise raised from err
+        t.busy = None
+        self.calls += 1
+        return True
+
+
+def _fits(msg: Any, form: Any) -> bool:
+    """`msg` has `form` (`_form`)."""
+    if form is True:
+        return msg is MPI.IN_PLACE
+    if type(msg) is not list and type(msg) is not tuple:
+        return False
+    kind, count, dt = form
+    if len(msg) == 3:
+        return count >= 0 and msg[2] is dt and msg[1] == count and type(msg[0]) is kind and type(msg[1]) is int
+    return len(msg) == 2 and count < 0 and msg[1] is dt and type(msg[0]) is kind and len(msg[0]) == -count
+
+
 def _form(msg: Any) -> Any:
     """What decides a call of an mpi4py buffer specification `[buf, count, type]` or
     `[buf, type]` over bytes-like memory (not a numpy array: those have ringmpi's own fast
@@ -254,7 +333,7 @@ def _form(msg: Any) -> Any:
         return None
     if type(buf) not in _BYTES_LIKE or type(dt) is not MPI.Datatype:
         return None
-    return type(buf), count, id(dt)
+    return type(buf), count, dt
 
 
 def _forms(a: Any, b: Any, extra: Any) -> tuple | None:
@@ -303,7 +382,7 @@ class Comm(MPI.Intracomm):
     """
     _algorithms: dict[str, str] = {}   # class default: objects mpi4py makes itself (Dup) get "auto"
     _hot: dict | None = None           # Allreduce's hot path: id(recvbuf) -> `_Hot`
-    _through: dict | None = None       # (method, buffer forms) -> the plan generation (`_note`)
+    _kept: dict | None = None          # method -> the buffer forms it passes to mpi4py as they are (`_Kept`)
     _t: Any = None                     # this communicator's transport
 
     def __new__(cls, comm: MPI.Intracomm | None = None, **algorithm: str) -> "Comm":
@@ -382,9 +461,10 @@ class Comm(MPI.Intracomm):
                     (hit.in_place or sendbuf.dtype is hit.send_dtype):
                 hit.plan(recvbuf if hit.in_place else sendbuf, recvbuf)
                 return
-        key = _forms(sendbuf, recvbuf, id(op))
-        if key is not None and self._passes("Allreduce", key, sendbuf, recvbuf, op):
+        kept = self._kept.get("Allreduce") if self._kept else None
+        if kept is not None and kept.run(self, sendbuf, recvbuf, op, op):
             return
+        key = _forms(sendbuf, recvbuf, op)
         CALLS["Allreduce"] += 1
         got = _reduction(sendbuf, recvbuf, op)
         if got is not None:
@@ -439,9 +519,10 @@ class Comm(MPI.Intracomm):
         return None
 
     def Bcast(self, buf: Any, root: int = 0) -> None:
-        key = _forms(buf, None, root)
-        if key is not None and self._passes("Bcast", key, buf, root):
+        kept = self._kept.get("Bcast") if self._kept else None
+        if kept is not None and kept.run(self, buf, root, None, root):
             return
+        key = _forms(buf, None, root)
         if not self._serve("Bcast", self._bcast(buf, root), key):
             super().Bcast(buf, root)
 
@@ -458,9 +539,10 @@ class Comm(MPI.Intracomm):
         return _Served("broadcast", dict(buf=v, root=root))
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
-        key = _forms(sendbuf, recvbuf, None)
-        if key is not None and self._passes("Allgather", key, sendbuf, recvbuf):
+        kept = self._kept.get("Allgather") if self._kept else None
+        if kept is not None and kept.run(self, sendbuf, recvbuf, None, None):
             return
+        key = _forms(sendbuf, recvbuf, None)
         if not self._serve("Allgather", self._blocks("allgather", sendbuf, recvbuf, whole_send=False), key):
             super().Allgather(sendbuf, recvbuf)
 
@@ -503,37 +585,9 @@ class Comm(MPI.Intracomm):
         choice = self._transport().last_choice or {}
         tuner = choice.get("tuner")
         if choice.get("algorithm") == "mpi" and (tuner is None or tuner.winner == "mpi"):
-            through = self._through
-            if through is None or len(through) >= 64:
-                through = self._through = {}
-            through[method, key] = CACHE.generation
-
-    def _passes(self, method: str, key: tuple, *args: Any) -> bool:
-        """MPI's own `method` on the user's arguments when `_note` kept its forms (the stall
-        watch's bookkeeping as a direct plan's; an argument mpi4py refuses goes back to the
-        full path, which explains or serves it)."""
-        through = self._through
-        if through is None or through.get((method, key)) != CACHE.generation:
-            return False
-        t = self._transport()
-        if ACTIVE:
-            progress()
-        t.current = t.seq = t.seq + 1
-        t.busy = _LABELS[method]
-        try:
-            getattr(MPI.Intracomm, method)(self, *args)
-        except (BufferError, ValueError, TypeError):
-            t.current = t.seq = t.seq - 1
-            t.busy = None
-            del through[method, key]
-            return False
-        except BaseException as err:   # (MPI's own error: the other ranks are told, as in a plan)
-            raised = t.failed(err)
-            t.busy = None
-            raise raised from err
-        t.busy = None
-        CALLS[method] += 1
-        return True
+            if self._kept is None:
+                self._kept = {}
+            self._kept[method] = _Kept(method, key, CACHE.generation)
 
     def _transport(self) -> Any:
         t = self._t
@@ -603,9 +657,10 @@ class Comm(MPI.Intracomm):
         return m.flat[:total], counts
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
-        key = _forms(sendbuf, recvbuf, None)
-        if key is not None and self._passes("Alltoall", key, sendbuf, recvbuf):
+        kept = self._kept.get("Alltoall") if self._kept else None
+        if kept is not None and kept.run(self, sendbuf, recvbuf, None, None):
             return
+        key = _forms(sendbuf, recvbuf, None)
         if not self._serve("Alltoall", self._blocks("alltoall", sendbuf, recvbuf, whole_send=True), key):
             super().Alltoall(sendbuf, recvbuf)
 
