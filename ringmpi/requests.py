@@ -19,7 +19,8 @@ runs; a `wait` that comes first (start then wait at once, nothing to overlap) ta
 request itself and runs it at the speed of a blocking call. The progress thread never
 waits inside MPI (Open MPI spins there, and would take the core the caller computes on): it
 tests, and sleeps between tests, less and less often while nothing completes, and not at
-all while a caller waits for one of its requests.
+all while a caller waits for one of its requests. It sleeps on a condition while nothing is
+in flight.
 
 While requests are in flight, a blocking call's own messages are waited for by testing
 them and the requests of its thread in turn, so a rank blocked in one collective still
@@ -407,7 +408,7 @@ class Engine:
                 nap = 0.0
                 time.sleep(0)       # (gives the GIL away: the caller may be waiting for it)
             else:
-                nap = min(max(2 * nap, 2e-5), 1e-3)
+                nap = min(max(2 * nap, 2e-5), MAX_NAP)
                 time.sleep(nap)
 
     # -- what was never waited for ---------------------------------------------------------
@@ -444,6 +445,11 @@ class Engine:
 #: seconds the progress thread leaves a new request to its caller: a wait that comes at once
 #: (nothing to overlap) then runs it at a blocking call's speed, without a thread's hand-off
 GRACE = 1e-4
+#: the longest the progress thread sleeps between tests while requests are in flight: a
+#: large message over TCP moves a fragment per test (Open MPI's ob1), so a longer nap
+#: stretches the transfer (benchmarks/README.md: 16 MiB over 1 Gbit/s, 1 ms naps hid a
+#: third of it, 20 us naps four fifths); Linux sleeps at least ~50 us more anyway
+MAX_NAP = 2e-5
 #: every request begun and not complete in this process (a blocking call tests it: one
 #: global read while nothing is in flight)
 ACTIVE: list[Request] = []
