@@ -579,6 +579,7 @@ class RequestView(_Wire):
         self.pending: list = []              # the MPI requests the body waits for
         self.suspend: Any = None             # set by the engine: switches back to who advanced the body
         self.posting = self.binding = False  # (`post`, `bind`: MPI's own call posted or bound, no body)
+        self.failure: BaseException | None = None   # MPI's error met while waiting (`wait_all`)
         self.devices: dict = {}
 
     def relabel(self, label: str) -> None:
@@ -634,8 +635,16 @@ class RequestView(_Wire):
             self.pending = reqs
             if self.posting:
                 return
-            self.suspend()
-            self.pending = []
+            try:
+                self.suspend()
+            except BaseException:
+                # an MPI error in this round: its other messages may still be in flight and
+                # write into this scratch, which is never reused (kept with them, for good)
+                _ABANDONED.append((self.pending, self.pool))
+                self.pool = None
+                raise
+            finally:
+                self.pending = []
 
     def _sendrecv(self, sp: list, dest: int | None, rp: list, source: int | None) -> None:
         self._await(self._post_pairs(sp, dest, rp, source))
@@ -650,12 +659,19 @@ class RequestView(_Wire):
         self._await([getattr(self.comm, "I" + function[0].lower() + function[1:])(*args)])
 
     def ready(self) -> bool:
+        """Whether the messages in flight are complete (MPI's error in them raised here)."""
+        if self.failure is not None:
+            err, self.failure = self.failure, None
+            raise err
         return MPI.Request.Testall(self.pending)
 
-    @staticmethod
-    def wait_any(views: list) -> None:
-        """Block in MPI until a message of one of `views` completes."""
-        MPI.Request.Waitany([r for v in views for r in v.pending])
+    def wait_all(self) -> None:
+        """Block in MPI until this request's messages in flight complete; MPI's error is
+        kept for `ready`, which raises it (the engine delivers it into the body)."""
+        try:
+            MPI.Request.Waitall(self.pending)
+        except MPI.Exception as err:
+            self.failure = err
 
     @property
     def nodes(self) -> list[int]:
@@ -683,6 +699,7 @@ class RequestView(_Wire):
 
 
 _ELEMENTWISE = ("Allreduce", "Reduce", "Bcast")
+_ABANDONED: list = []   # (MPI requests, scratch) of request rounds that failed (`RequestView._await`)
 _ERROR_CLASSES = {getattr(MPI, n): f"MPI_{n}" for n in sorted(dir(MPI), reverse=True)
                   if n.startswith("ERR_") and isinstance(getattr(MPI, n), int) and n != "ERR_LASTCODE"}
 _SALTS = 251                 # (prime) labels per sequence number in the tag space

@@ -266,9 +266,11 @@ class Engine:
                 if not view.ready():
                     return False
                 self._run(req)
-                return True
+            except BaseException as err:   # noqa: BLE001 (MPI's error: the call's, raised by wait())
+                self._run(req, err)
             finally:
                 self._release(req)
+            return True
         here = getcurrent()
         if req.let is None:
             req.let = self._idle.pop() if self._idle else greenlet(self._work)
@@ -276,11 +278,18 @@ class Engine:
             view.suspend = here.switch
             req.let.switch(req)
             return True
-        if view.pending and not view.ready():
-            return False
+        failed = None
+        try:
+            if view.pending and not view.ready():
+                return False
+        except BaseException as err:   # noqa: BLE001 (MPI's error in the messages of this round)
+            failed = err
         req.resumer = here
         view.suspend = here.switch
-        req.let.switch()
+        if failed is not None:
+            req.let.throw(failed)      # raised where the body waits for them, as a blocking call's
+        else:
+            req.let.switch()
         return True
 
     @property
@@ -299,13 +308,15 @@ class Engine:
             self._idle.append(let)
             req = req.resumer.switch()
 
-    def _run(self, req: Request) -> None:
+    def _run(self, req: Request, error: BaseException | None = None) -> None:
         try:
+            if error is not None:
+                raise error
             req.result = req.body()
         except GreenletExit:
             raise
         except BaseException as err:   # noqa: BLE001 (the caller gets it from wait())
-            req.error = err
+            req.error = err if error is None else req.group.failed(err, req.label, req.seq)
         req.view.close()
         with self.lock:
             req.done = True
@@ -370,16 +381,25 @@ class Engine:
             return
         try:
             if not req.done:
-                req.view.wait_any([req.view])
-                self._run(req)
+                req.view.wait_all()
+                try:
+                    req.view.ready()
+                except BaseException as err:   # noqa: BLE001 (MPI's error: the call's, raised by wait())
+                    self._run(req, err)
+                else:
+                    self._run(req)
         finally:
             self._release(req)
 
     def block(self, reqs: list[Request]) -> None:
-        """Wait in MPI until a posted message of one of `reqs` completes."""
+        """Wait until a posted message of one of `reqs` completes: in MPI when one request
+        has messages in flight (an MPI error is then its own: delivered to it by `_step`),
+        else by testing them in turn (MPI_Waitany's error would name no request)."""
         views = [r.view for r in reqs if r.view.pending]
-        if views:
-            views[0].wait_any(views)
+        if len(views) == 1:
+            views[0].wait_all()
+        elif views:
+            time.sleep(0)
 
     def alongside(self, test: Callable[[], bool]) -> None:
         """Until `test()` (a blocking call's own messages, tested): advance this thread's

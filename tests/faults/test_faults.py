@@ -588,3 +588,91 @@ def test_threads_setting_up_communicators_at_once_never_freeze(tmp_path, n):
                         timeout=240)
     assert rc == 0, (rc, secs, out[-3000:])
     assert out.count(f"reps {reps} seconds") == n, out[-3000:]
+
+
+# -- requests: a wait never hangs, a request never waited for never holds the job --------
+
+REQUEST_SKIPPED = """
+x = np.ones(1 << 12)
+q = ringmpi.iallreduce(x, algorithm="ring")
+say("started", q.wait()[0])
+if r != 1:
+    q = ringmpi.iallreduce(x, algorithm="ring")
+    time.sleep(0.5)            # computing; then the wait, which rank 1 can never end
+    q.wait()
+else:
+    time.sleep(60)
+say("done")
+"""
+
+
+def test_a_request_a_rank_never_started_ends_at_the_deadline_naming_it(tmp_path):
+    """The stall watch follows the request waited for: the deadline names the rank that has
+    not arrived, while it lives (asked where it is)."""
+    rc, out, secs = job(tmp_path, REQUEST_SKIPPED, env={"RINGMPI_STALL_ABORT": "5"})
+    assert rc not in (0, 124) and secs < 20, (rc, secs, out)
+    assert "aborting the job (RINGMPI_STALL_ABORT=5)" in out, out
+    assert re.search(r"rank [02] of 3 has waited \d+ s in allreduce/ring \(ranks \[1\] have not arrived\)", out), out
+
+
+REQUEST_SKIPPED_THEN_EXIT = """
+x = np.ones(1 << 12)
+ringmpi.iallreduce(x, algorithm="ring").wait()
+if r != 1:
+    ringmpi.iallreduce(x, algorithm="ring").wait()
+say("done")
+"""
+
+
+def test_a_request_a_rank_never_started_then_exit_aborts_at_once(tmp_path):
+    rc, out, secs = job(tmp_path, REQUEST_SKIPPED_THEN_EXIT, defaults=True)
+    assert rc not in (0, 124) and secs < 15, (rc, secs, out)
+    assert "ranks [1] finished (MPI_Finalize) after 1 calls and will never come" in out, out
+
+
+FORGOTTEN = """
+x = np.full(1 << 14, float(r))
+a = ringmpi.iallreduce(x, algorithm="ring")        # never waited for: completes at exit
+b = ringmpi.ibroadcast(np.arange(8.0) if r == 0 else np.zeros(8))
+b.wait()
+sub = W.Dup()
+c = ringmpi.iallgather(np.array([r]), comm=sub)    # never waited for; its communicator freed
+sub.Free()
+say("done")
+"""
+
+
+@pytest.mark.parametrize("progress", ["thread", "calls"])
+def test_requests_never_waited_for_are_named_and_the_job_ends(tmp_path, progress):
+    rc, out, secs = job(tmp_path, FORGOTTEN, defaults=True, env={"RINGMPI_PROGRESS": progress})
+    assert rc == 0 and secs < 20, (rc, secs, out)
+    assert len(lines(out, "R")) == 3 and all("done" in ln for ln in lines(out, "R")), out
+    assert out.count("request(s) never waited for when their communicator was freed: allgather/") == 3, out
+    assert out.count("request(s) never waited for at exit: allreduce/ring (call 1") == 3, out
+
+
+REQUEST_FAILS = """
+from ringmpi.mpicomm import RequestView
+if r == 1:                               # rank 1's reduction fails in the request's second round
+    def broken(self, *a):
+        raise RuntimeError("the reduction failed")
+    RequestView.combine = broken
+try:
+    ringmpi.iallreduce(np.ones(1 << 10), algorithm="ring").wait()
+    say("completed")
+except Exception as e:
+    say("raised", type(e).__name__, str(e)[:200])
+time.sleep(30)
+"""
+
+
+def test_a_request_that_fails_on_one_rank_ends_the_job_naming_it(tmp_path):
+    """A request's body raises on one rank: that rank raises it from wait(), the others,
+    waiting for it, are told and abort the job within seconds, naming it. (A count that
+    differs would be the natural failure, but Open MPI 5's wheel corrupts memory on a
+    truncated receive, plain mpi4py's Sendrecv included; MPICH raises MPI_ERR_TRUNCATE.)"""
+    rc, out, secs = job(tmp_path, REQUEST_FAILS, env={"RINGMPI_STALL_ABORT": "20"})
+    assert rc not in (0, 124) and secs < 25, (rc, secs, out)
+    assert "R1 raised RuntimeError the reduction failed" in out, out
+    assert re.search(r"rank [02] of 3 .*allreduce/ring; rank 1 failed in this call \(RuntimeError: the reduction "
+                     r"failed\)", out), out
