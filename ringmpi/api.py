@@ -246,12 +246,7 @@ def execute(spec: Any, comm: Any, algorithm: Any, args: dict, key: tuple | None 
     the public function), a plan is kept so that the next identical call skips all this.
     `planned`: the algorithm of the plan that sent the call here (`_slow`), the one the
     other ranks run (see `_stand_in`)."""
-    try:
-        t = group(comm)
-    except TypeError as e:
-        r, p = _mpi().world_position()
-        raise RingmpiUsageError(f"ringmpi.{spec.name} (rank {r} of {p} in COMM_WORLD): {e}") from None
-    e = Edge(spec.name, t)
+    t, e = _edge(spec.name, comm)
     try:
         st = settings()
     except RingmpiUsageError as err:
@@ -307,13 +302,7 @@ def request(spec: Any, comm: Any, algorithm: Any, args: dict, persistent: bool =
     `on_done(request)` runs when a call completes, on whichever thread completed it (the
     drop-in completes MPI generalized requests so); such requests go to the progress
     thread whatever RINGMPI_PROGRESS says, since MPI's own waits cannot advance them."""
-    verb = f"{spec.name}_init" if persistent else f"i{spec.name}"
-    try:
-        t = group(comm)
-    except TypeError as e:
-        r, p = _mpi().world_position()
-        raise RingmpiUsageError(f"ringmpi.{verb} (rank {r} of {p} in COMM_WORLD): {e}") from None
-    e = Edge(verb, t)
+    t, e = _edge(f"{spec.name}_init" if persistent else f"i{spec.name}", comm)
     try:
         st = settings()
         call, result = spec.prepare(e, **args)
@@ -339,36 +328,106 @@ def request(spec: Any, comm: Any, algorithm: Any, args: dict, persistent: bool =
         finally:
             t.end()
     _auto.profile_of(t)   # (collective at its first use: read now, while every rank is here)
+    bound = _bind(e, spec, algorithm, call, result, on_done, st)
+    if persistent:
+        return bound.persistent(bound.native and on_done is None)
+    bound.transient = True
+    return bound.persistent(False).start().request
+
+
+def restart(spec: Any, kept: Any, args: dict) -> Any:
+    """A nonblocking call on the very arrays of an earlier one (`collectives._RequestMemo`):
+    its persistent request started again, after `prepare` checked these arguments afresh
+    (nothing else is redone: the algorithm, tunables and transport are the earlier call's);
+    None where anything about them differs (the caller takes the full path)."""
+    bound = kept.bound
+    try:
+        call, result = spec.prepare(Edge(f"i{spec.name}", bound.t), **args)
+    except RingmpiUsageError:
+        return None
+    if bound.shape != (call.count, call.dtype, call.op, call.root, call.counts, call.inplace, call.params):
+        return None
+    bound.call, bound.result = call._replace(params=bound.params) if bound.params != call.params else call, result
+    return kept.start().request
+
+
+class _Bound:
+    """One request's call bound to its transport: what each start runs (`launch`). A
+    persistent request keeps its buffers; a nonblocking call's (`transient`) drops them
+    when complete, so that the memo keeping it for the next call on the same arrays
+    (`restart`) keeps no user array alive."""
+    __slots__ = ("t", "view", "dev", "alg", "call", "result", "name", "on_done", "thread", "native", "params",
+                 "shape", "transient")
+
+    def __init__(self, t: Any, view: Any, dev: Any, alg: Any, call: Call, result: Any, on_done: Any,
+                 thread: bool) -> None:
+        self.t, self.view, self.dev, self.alg, self.call, self.result = t, view, dev, alg, call, result
+        self.name, self.on_done, self.params = view.label, on_done, call.params
+        self.shape = (call.count, call.dtype, call.op, call.root, call.counts, call.inplace, call.params)
+        self.native = dev is None and _one_library_call(t, call.collective, alg, call)
+        # MPI matches its own collectives by the order they are called in, not by tags: a
+        # body that calls one (MPI's own on device buffers, staged; in pieces; NaN-keyed
+        # MAX/MIN) runs its first step at the start, on the caller's thread, so that it
+        # posts it in the order of the starts
+        self.thread = thread and (self.native or alg.cost is not None)
+        self.transient = False
+
+    def persistent(self, native: bool) -> Any:
+        """The `requests.Persistent` of this call: MPI-4's own persistent collective where
+        `native` and the library has one, else one whose starts are `launch`."""
+        bound = self.view.bind(self.call) if native else None
+        if bound is not None:
+            return requests.Persistent(self.name, self.t, self.launch, native=bound, finish=self.finish, bound=self)
+        return requests.Persistent(self.name, self.t, self.launch, bound=self)
+
+    def launch(self, p: Any) -> Any:
+        view = self.view
+        if p.request is not None:   # a persistent request's next start
+            view.again(self.name)
+        if self.native:
+            view.post(self.call)
+        req = requests.Request(self.name, view.seq, self.t, view, self.finish if self.native else self.body,
+                               on_done=self.on_done, posted=self.native)
+        return requests.engine().start(req, self.thread)
+
+    def body(self) -> Any:
+        try:
+            _run_body(self.view, self.dev, self.alg, self.call)
+        finally:
+            result = self._done()
+        return result
+
+    def finish(self) -> Any:
+        """MPI's own collective is complete: AVG's division, then the result."""
+        call = self.call
+        if call.op == "AVG" and call.recv is not None:
+            self.view.scale(call.recv, self.t.size)
+        return self._done()
+
+    def _done(self) -> Any:
+        result = self.result
+        if self.transient:
+            self.call = self.result = None
+        return result
+
+
+def _bind(e: Edge, spec: Any, algorithm: str, call: Call, result: Any, on_done: Any, st: Any) -> _Bound:
+    """The request's transport and its resolved algorithm (kept per call shape on the
+    communicator's transport: what a call resolves to depends on nothing but the key)."""
+    t = e.t
     view = t.request_view(label(spec, algorithm, call))
     dev = _device(e, call, view) if not isinstance(call.send, np.ndarray) else None
     key = (spec, algorithm, call.count, call.dtype, call.op, call.root, call.counts, call.params, call.inplace,
            dev is None, st.generation, CACHE.generation)
     known = t.request_plans.get(key)
-    if known is None:   # (what the call resolves to depends on nothing but the key)
+    if known is None:
         alg, resolved = _resolve_request(e, spec, algorithm, call, view if dev is None else dev)
         known = t.request_plans.put(key, (alg, resolved.params, label(spec, alg.name, resolved)))
     alg, params, name = known
-    call = call._replace(params=params) if params != call.params else call
     view.relabel(name)
     thread = (st.progress == "thread" or on_done is not None) and t.wire
-    if dev is None and _one_library_call(t, spec, alg, call):
-        return _native_request(t, view, call, result, persistent, on_done, thread)
-
-    def body() -> Any:
-        _run_body(view, dev, alg, call)
-        return result
-    # MPI matches its own collectives by the order they are called in, not by tags: a body
-    # that calls one (MPI's own on device buffers, staged; in pieces; NaN-keyed MAX/MIN)
-    # runs its first step now, on this thread, so that it posts it in the order of the starts
-    thread = thread and alg.cost is not None
-
-    def launch(bound: Any) -> Any:
-        if bound.request is not None:   # a persistent request's next start
-            view.again(name)
-        return requests.engine().start(requests.Request(name, view.seq, t, view, body, on_done=on_done), thread)
-    if persistent:
-        return requests.Persistent(name, t, launch)
-    return launch(requests.Persistent(name, t, launch))
+    return _Bound(t, view, dev, alg, call._replace(params=params) if params != call.params else call, result, on_done,
+                  thread)
 
 
 def _one_library_call(t: Any, spec: Any, alg: Any, call: Call) -> bool:
@@ -379,30 +438,6 @@ def _one_library_call(t: Any, spec: Any, alg: Any, call: Call) -> bool:
     return alg.cost is None and t.size > 1 and call.count <= t.max_count and not (
         call.op in ("MAX", "MIN") and call.dtype.kind == "f") and not (
         spec.name == "reduce_scatter" and (call.inplace or call.recv.size == 0 or len(set(call.counts)) != 1))
-
-
-def _native_request(t: Any, view: Any, call: Call, result: Any, persistent: bool, on_done: Callable | None,
-                    thread: bool) -> Any:
-    """A request served by MPI's own nonblocking collective (MPI_Iallreduce, ...) or bound as
-    its persistent one (MPI_Allreduce_init, MPI-4; the nonblocking one started each time
-    where the library has none), with AVG's division once complete."""
-    def finish() -> Any:
-        if call.op == "AVG" and call.recv is not None:
-            view.scale(call.recv, t.size)
-        return result
-
-    def launch(p: Any) -> Any:
-        if p.request is not None:
-            view.again(view.label)
-        view.post(call)
-        return requests.engine().start(requests.Request(view.label, view.seq, t, view, finish, on_done=on_done,
-                                                        posted=True), thread)
-    if not persistent:
-        return launch(requests.Persistent(view.label, t, launch))
-    bound = view.bind(call) if on_done is None else None
-    if bound is not None:
-        return requests.Persistent(view.label, t, launch, native=bound, finish=finish)
-    return requests.Persistent(view.label, t, launch)
 
 
 def _resolve_request(e: Edge, spec: Any, algorithm: str, call: Call, on: Any) -> tuple[Any, Call]:
@@ -425,6 +460,17 @@ def _resolve_request(e: Edge, spec: Any, algorithm: str, call: Call, on: Any) ->
         e.fail(f"algorithm 'mpi' cannot take {call.count} elements: the MPI library's {spec.name} counts are "
                f"C ints (at most {on.max_count}); use one of ringmpi's algorithms or 'auto'")
     return alg, _with_tunables(on, alg, call)
+
+
+def _edge(call: str, comm: Any) -> tuple[Any, Edge]:
+    """The transport of `comm` and the argument checks of `call` on it (a communicator that
+    is not one: the error names the rank in COMM_WORLD)."""
+    try:
+        t = group(comm)
+    except TypeError as err:
+        r, p = _mpi().world_position()
+        raise RingmpiUsageError(f"ringmpi.{call} (rank {r} of {p} in COMM_WORLD): {err}") from None
+    return t, Edge(call, t)
 
 
 def _stand_in(spec: Any, comm: Any, algorithm: Any, args: dict, err: Exception) -> None:
@@ -685,7 +731,7 @@ def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice:
 class _Seen:
     """A body plan's last call: its arrays (weak references), its Call without them, and
     their dtype and canonical dtype; the next call with the very same arrays skips what
-    cannot have changed about them (`Collective.again`: ~0.6 us against ~2.5)."""
+    cannot have changed about them (`Collective.again`: a quarter of `prepare`'s cost)."""
     __slots__ = ("send", "recv", "call", "dtype", "canonical")
 
     def __init__(self) -> None:
@@ -739,6 +785,8 @@ def send_recv_plan(t: Any, function: str, op: str | None, shape: tuple | None, d
     (a small all-reduce whose result is shaped like its input): a new result is a copy of
     the send buffer reduced in place, which costs mpi4py one buffer less (~100 ns, against
     ~15 ns more for copying a few hundred bytes than for allocating them)."""
+    # (one closure, longer than the house's 50 lines: the hot loop of the fast path, where a
+    # call through a helper costs ~80 ns against a 1-2 us MPI call)
     fn, mpi_op, in_place, mpi_type = t.direct(function, op, dtype)
     empty, may_share = np.empty, np.may_share_memory
     if shape is not None and len(shape) == 1:

@@ -277,8 +277,8 @@ class Tuner:
     unlucky call must not rule out the library). A candidate's score is the mean of its
     stage-1 calls, MAX over ranks; the lowest wins. The mean of calls back to back is what a
     loop of them takes; the fastest calls of a rank are not (the calls it came late to,
-    when the others had done their part: MPI's own 256 KiB all-reduce in place scored 15 us
-    so, against 25-55 us a call in a loop, and won where ring_shm takes 0.8x its time). A
+    when the others had done their part: scored so, MPI's own all-reduce in place looked
+    twice as fast as in a loop, and won where ring_shm was faster; benchmarks/README.md). A
     candidate far slower than the best thus costs two calls, a close one 3 + STAGE1. Every
     rank makes the same calls in the same order, so every rank's tuner walks the same
     schedule and exchanges at the same call: the decisions agree by construction."""

@@ -21,11 +21,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from .backend import Phantom, phantom
-from .api import CACHE, PLANS, Edge, Memo, call_plan, execute, flat_view, group, label, request, send_recv_plan
+from .api import CACHE, PLANS, Edge, Memo, call_plan, execute, flat_view, group, label, request, restart, send_recv_plan
 from .requests import Persistent, Request, progress, testall, waitall
 from .call import Call, block_counts, offsets
 from .ops import OPS
-from .transport import IN_PLACE
+from .transport import IN_PLACE, LRU
 
 #: the public calls (re-exported by `ringmpi`); the specs are `SPECS` and `spec(name)`
 __all__ = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "shift", "shared_empty",
@@ -134,9 +134,8 @@ class Collective:
 
 
 #: a new all-reduce result up to this size is the send buffer's copy reduced in place
-#: (`api.send_recv_plan`): the copy costs less than the second buffer mpi4py parses
-#: (2 ranks, allreduce(x) / MPI_Allreduce: 1.31x against 1.37x at 8 B, 1.22x against 1.28x
-#: at 1 KiB; at 4 KiB the copy loses, 1.29x against 1.19x)
+#: (`api.send_recv_plan`): the copy costs less than the second buffer mpi4py parses; at
+#: 4 KiB it loses (benchmarks/README.md, "Figures behind constants in the code")
 _COPY_IN_PLACE = 1024
 
 
@@ -660,8 +659,10 @@ def _as_request(blocking: Any, spec: Collective, persistent: bool) -> Any:
     defaults = {k: v.default for k, v in sig.parameters.items() if v.default is not inspect.Parameter.empty}
     positional = [k for k, v in sig.parameters.items() if v.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
 
+    memo = _RequestMemo(spec)
+
     def call(*args: Any, **kwargs: Any) -> Any:
-        # (inspect's bind costs ~15 us a call; this, for the shapes a call can take, ~1)
+        # (inspect.Signature.bind costs ten times this, for the shapes a call can take)
         if len(args) > len(positional) or not kwargs.keys() <= sig.parameters.keys() or \
                 not kwargs.keys().isdisjoint(positional[:len(args)]):
             try:
@@ -673,7 +674,15 @@ def _as_request(blocking: Any, spec: Collective, persistent: bool) -> Any:
             missing = [k for k in sig.parameters if k not in given]
             raise TypeError(f"ringmpi.{name}: missing argument {missing[0]!r}")
         comm, algorithm = given.pop("comm"), given.pop("algorithm")
-        return request(spec, comm, algorithm, given, persistent)
+        if persistent:
+            return request(spec, comm, algorithm, given, True)
+        kept = memo.find(given, comm, algorithm)
+        out = restart(spec, kept, given) if kept is not None else None
+        if out is not None:
+            return out
+        out = request(spec, comm, algorithm, given)
+        memo.keep(given, comm, algorithm, out.source)
+        return out
     call.__name__ = call.__qualname__ = name
     call.__signature__ = sig.replace(return_annotation="ringmpi.Persistent" if persistent else "ringmpi.Request")
     what = ("Bind the buffers and arguments of `ringmpi.{0}` once, as a persistent request (MPI-4's "
@@ -686,6 +695,57 @@ def _as_request(blocking: Any, spec: Collective, persistent: bool) -> Any:
         "same order on every rank and complete in any order. The shared-memory algorithms run blocking calls "
         "only.").format(spec.name)
     return call
+
+
+class _RequestMemo:
+    """A nonblocking function's recent calls, for the next ones on the very same arrays (a
+    training loop's buckets, every step): the persistent request that began each, started
+    again (its checks, algorithm, tunables, scratch and transport kept) once its last call
+    was waited for. Only where the call has a result buffer of its own (in place, or one
+    given: a new result array each call cannot be kept) on host arrays; weak references,
+    by the arrays' ids, the 32 most recent."""
+    __slots__ = ("spec", "calls")
+
+    def __init__(self, spec: Collective) -> None:
+        self.spec = spec
+        self.calls: LRU = LRU(32)
+
+    def _buffers(self, given: dict) -> tuple:
+        spec = self.spec
+        send = given[spec.send_arg]
+        return send, given.get(spec.recv_arg) if spec.recv_arg else send     # (broadcast: in place)
+
+    def _others(self, given: dict) -> tuple:
+        spec = self.spec
+        return tuple(v for k, v in given.items() if k != spec.send_arg and k != spec.recv_arg)
+
+    def find(self, given: dict, comm: Any, algorithm: Any) -> Any:
+        """The persistent request of an earlier call with these very arrays and arguments,
+        ready to start again, or None."""
+        send, recv = self._buffers(given)
+        kept = self.calls.get((id(send), id(recv), id(comm), algorithm))
+        if kept is None:
+            return None
+        sref, rref, extra, dtypes, generation, bound = kept
+        last = bound.request
+        if (last is None or last.waited) and generation == CACHE.generation and sref() is send and \
+                rref() is recv and (send.dtype, recv.dtype) == dtypes and recv.flags.writeable and \
+                self._others(given) == extra:
+            return bound
+        return None
+
+    def keep(self, given: dict, comm: Any, algorithm: Any, bound: Any) -> None:
+        send, recv = self._buffers(given)
+        others = self._others(given)
+        if bound is None or not isinstance(send, np.ndarray) or not isinstance(recv, np.ndarray) or \
+                not all(type(v) in (str, int, type(None)) for v in others):
+            return
+        try:
+            refs = weakref.ref(send), weakref.ref(recv)
+        except TypeError:
+            return
+        self.calls.put((id(send), id(recv), id(comm), algorithm),
+                       (*refs, others, (send.dtype, recv.dtype), CACHE.generation, bound))
 
 
 def shift(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, offset: int = 1,

@@ -580,7 +580,8 @@ class Comm(MPI.Intracomm):
         (auto settled on it, or it was asked for): the next calls with the same buffer forms
         (`_forms`: [buf, count, type] over bytes-like memory, the same count, type and
         arguments) go to mpi4py with the user's own specifications (`_passes`), skipping the
-        numpy views and checks that cost 5-15 us against a 1-2 us call. Kept until the plans
+        numpy views and checks that cost several times a small call itself (benchmarks/README.md,
+        the drop-in in mpi4py's demo style). Kept until the plans
         are forgotten (a tuner's switch, new settings or profile, a freed communicator)."""
         choice = self._transport().last_choice or {}
         tuner = choice.get("tuner")

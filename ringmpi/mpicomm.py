@@ -177,14 +177,7 @@ class _Wire(CountedMemory, PrivateMemory, ReceiveThenReduce):
 
     def _post_pairs(self, sp: list, dest: int | None, rp: list, source: int | None) -> list:
         """`_sendrecv`'s pieces posted at once (Irecv then Isend), counted."""
-        self.counters.calls += 1
-        reqs, tag, comm = [], self.tag, self.comm
-        reqs += [comm.Irecv(r, source, tag) for r in rp]
-        for s in sp:
-            reqs.append(comm.Isend(s, dest, tag))
-            self.counters.messages += 1
-            self.counters.bytes_sent += s.nbytes
-        return reqs
+        return self._post([(s, dest) for s in sp], [(r, source) for r in rp])
 
     def _invoke(self, function: str, args: list) -> None:
         raise NotImplementedError
@@ -394,6 +387,16 @@ class MPITransport(_Wire):
         with _MAKING:
             if len(self._spare_pools) < 8:
                 self._spare_pools.append(pool)
+
+    def waiting(self, label: str, seq: int) -> tuple:
+        """A caller waits for call `seq` (a request) outside `begin`/`end`: the stall
+        inspector watches it; returns what to hand `waited` after."""
+        before = self.busy, self.current
+        self.busy, self.current = label, seq
+        return before
+
+    def waited(self, before: tuple) -> None:
+        self.busy, self.current = before
 
     def request_view(self, label: str) -> "RequestView":
         """A fresh suspending transport for one request of `label` (its sequence number and
@@ -625,7 +628,7 @@ class RequestView(_Wire):
     def close(self) -> None:
         """The call is complete: its scratch goes back to the communicator for the next
         request (a fresh multi-MiB buffer per request would pay its page faults every time:
-        16 MiB ring all-reduce requests took 7-20 ms against 3.5 ms blocking)."""
+        it made large requests several times slower than blocking calls; benchmarks/README.md)."""
         if self.pool is not None:
             self.group.give_pool(self.pool)
             self.pool = None

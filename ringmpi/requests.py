@@ -66,6 +66,8 @@ class Request:
     posted: bool = False           # MPI's own collective was posted at the start: `body` only finishes it
     finished: threading.Event | None = None   # made for a waiter on another thread, set when done
     started: float = 0.0           # when it began (perf_counter)
+    source: Any = None             # the `Persistent` that began it (a nonblocking call's: kept for the next
+                                   # call on the very same arrays, `collectives._as_request`)
 
     def test(self) -> bool:
         """Advance this request (and the others this thread owns); True once complete.
@@ -111,6 +113,7 @@ class Persistent:
     finish: Callable[[], Any] | None = None              # (native) after each completion: the result
     active: bool = False                                 # (native) started, not yet waited for
     seq: int = 0                                         # (native) the last start's call number
+    bound: Any = None                                    # what its starts run (`api._Bound`)
 
     def start(self) -> "Persistent":
         if self.native is not None and not self.active:
@@ -125,6 +128,7 @@ class Persistent:
         if self.active or self.request is not None and not self.request.waited:
             raise ValueError(f"ringmpi: persistent {self.label} started again before its last call was waited for")
         self.request = self.launch(self)
+        self.request.source = self
         return self
 
     def test(self) -> bool:
@@ -136,13 +140,11 @@ class Persistent:
         """The result of the last start's call (None when never started)."""
         if self.native is not None:
             if self.active:
-                g = self.group
-                before = g.busy, g.current
-                g.busy, g.current = self.label, self.seq
+                before = self.group.waiting(self.label, self.seq)
                 try:
                     self.native.Wait()
                 finally:
-                    g.busy, g.current = before
+                    self.group.waited(before)
                 return self._done()
             return self.finish() if self.seq else None
         return None if self.request is None else self.request.wait()
@@ -263,14 +265,9 @@ class Engine:
         view = req.view
         if req.posted:
             try:
-                if not view.ready():
-                    return False
-                self._run(req)
-            except BaseException as err:   # noqa: BLE001 (MPI's error: the call's, raised by wait())
-                self._run(req, err)
+                return self._complete(req)
             finally:
                 self._release(req)
-            return True
         here = getcurrent()
         if req.let is None:
             req.let = self._idle.pop() if self._idle else greenlet(self._work)
@@ -294,7 +291,8 @@ class Engine:
 
     @property
     def _idle(self) -> list:
-        """This thread's idle worker greenlets (making one costs ~10 us, reusing one ~0.6)."""
+        """This thread's idle worker greenlets (making one costs over ten times as much as
+        switching into an idle one)."""
         idle = getattr(self._local, "idle", None)
         if idle is None:
             idle = self._local.idle = []
@@ -348,8 +346,7 @@ class Engine:
         (blocking in MPI on the posted messages of this thread's requests), else wait for
         the progress thread, which stops sleeping meanwhile. Watched by the stall inspector."""
         g = req.group
-        before = g.busy, g.current
-        g.busy, g.current = req.label, req.seq
+        before = g.waiting(req.label, req.seq)
         try:
             while not req.done:
                 if req.posted:
@@ -372,7 +369,7 @@ class Engine:
                     with self.lock:
                         self.urgent -= 1
         finally:
-            g.busy, g.current = before
+            g.waited(before)
 
     def _wait_posted(self, req: Request) -> None:
         """MPI's own request: waited for in MPI, once no other thread is testing it."""
@@ -382,14 +379,21 @@ class Engine:
         try:
             if not req.done:
                 req.view.wait_all()
-                try:
-                    req.view.ready()
-                except BaseException as err:   # noqa: BLE001 (MPI's error: the call's, raised by wait())
-                    self._run(req, err)
-                else:
-                    self._run(req)
+                self._complete(req)
         finally:
             self._release(req)
+
+    def _complete(self, req: Request) -> bool:
+        """A posted request (MPI's own collective) finished if its MPI request is complete
+        (with MPI's error, if any, as the call's: raised by wait()); True when it is."""
+        try:
+            if not req.view.ready():
+                return False
+        except BaseException as err:   # noqa: BLE001
+            self._run(req, err)
+            return True
+        self._run(req)
+        return True
 
     def block(self, reqs: list[Request]) -> None:
         """Wait until a posted message of one of `reqs` completes: in MPI when one request
@@ -466,9 +470,8 @@ class Engine:
 #: (nothing to overlap) then runs it at a blocking call's speed, without a thread's hand-off
 GRACE = 1e-4
 #: the longest the progress thread sleeps between tests while requests are in flight: a
-#: large message over TCP moves a fragment per test (Open MPI's ob1), so a longer nap
-#: stretches the transfer (benchmarks/README.md: 16 MiB over 1 Gbit/s, 1 ms naps hid a
-#: third of it, 20 us naps four fifths); Linux sleeps at least ~50 us more anyway
+#: large message over TCP advances only when it is tested, so a longer nap stretches the
+#: transfer (benchmarks/README.md, "Requests"); Linux sleeps at least ~50 us more anyway
 MAX_NAP = 2e-5
 #: every request begun and not complete in this process (a blocking call tests it: one
 #: global read while nothing is in flight)

@@ -47,13 +47,11 @@ __all__ = ["SharedTransport", "Segment"]
 ALIGN = 64                 # cache line: blocks of different ranks never share one
 SPINS = 200                # polls before yielding the core
 READ_CHUNK = 1 << 20       # a block read across is read and reduced this much at a time, in the cache
-                           # (2 ranks, 16 MiB in place: 0.77x MPI's time against 1.01x a whole block at
-                           # once; out of place 0.50x either way; 64 MiB 0.28x against 0.30x)
+                           # (in place it beats a whole block at once; benchmarks/README.md, "Figures
+                           # behind constants in the code")
 CMA_MIN = 4 << 20          # smaller private blocks are staged, the ring in parts (schedules.shm): a part's
                            # copy stays in cache, and pinning the pages for a cross-memory read costs more
-                           # (2 ranks, all-reduce / MPI's, side by side: blocks of 2 MiB 0.44 staged in
-                           # parts, 0.54 read across; 4 MiB 0.53-0.55 both; 6 MiB 0.58-0.59 against
-                           # 0.53-0.59; 8 MiB 0.66-0.69 against 0.57-0.60)
+                           # (the two cross near 4 MiB blocks: benchmarks/README.md, same section)
 #: control words per peer: messages published to it, and the last one's segment, offset,
 #: length; messages read from it (the acknowledgement)
 SENT, SEG, OFF, LEN, ACKED = range(5)
@@ -337,8 +335,8 @@ class SharedTransport(CountedMemory):
     def _reduce_across(self, source: int, address: int, op: str, mine: np.ndarray, out: np.ndarray) -> None:
         """out = (the block at `address` of `source`) op mine, READ_CHUNK bytes at a time: each
         chunk read straight into `out` and reduced there while it is in cache (one kernel
-        copy of a megabyte costs little more than of the whole block; a 512 KiB buffer
-        between them cost 0.85-0.92x MPI's time at 16 MiB against 0.57-0.60x), or, where
+        copy of a megabyte costs little more than of the whole block; a bounce buffer
+        between them cost half again as much: benchmarks/README.md), or, where
         `out` overlaps `mine` (in place), into a private buffer kept for the next call."""
         if not (out.flags.c_contiguous and mine.flags.c_contiguous):   # (the schedules' blocks always are)
             got = np.empty(out.shape, out.dtype)

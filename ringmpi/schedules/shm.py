@@ -23,11 +23,11 @@ With S = ceil(ceil(n/p) / PART) parts, on the node's links:
     T_ring_shm_allreduce = 2(p-1) S alpha_l + 2(p-1)/p n beta_l + (p-1)/p n gamma
 
 (reduce-scatter and all-gather: half the rounds and bytes; the formula and the simulator
-count parts; a transport reading across runs whole blocks, S = 1). Measured, 2 ranks,
-float32 all-reduce / MPI_Allreduce: ordinary arrays staged, 4 MiB 0.47 in parts against
-1.02 whole; shared arrays 4 MiB 0.36 against 0.78, 16 MiB 0.45 against 0.91, 64 MiB 0.28
-against 0.41. Parts of 1 MiB lose it (4 MiB 1.05). Where blocks of ordinary arrays are
-read across (from `shm.CMA_MIN`, see there) whole blocks do as well or better.
+count parts; a transport reading across runs whole blocks, S = 1). Parts keep a block's
+copy and reduction in cache: staged or shared, they took half the time of whole blocks,
+and parts of 1 MiB lose that (benchmarks/README.md, "Figures behind constants in the
+code"). Where blocks of ordinary arrays are read across (from `shm.CMA_MIN`, see there)
+whole blocks do as well or better.
 
 Only for ranks that share one host (`unavailable` otherwise: auto leaves them out).
 """

@@ -56,7 +56,11 @@ def test_allreduce_on_gpu_matches_mpi_on_the_host(chunks, count, dtype):
         assert host.tobytes() == first, f"{a}: not bitwise identical across ranks"
         inplace = cp.asarray(x)
         assert ringmpi.allreduce(inplace, inplace, algorithm=a) is inplace
-        assert cp.asnumpy(inplace).tobytes() == host.tobytes() or a in ("auto", "mpi")
+        got = cp.asnumpy(inplace)
+        if a in ("auto", "mpi") and not dtype.startswith("int"):   # MPI's own may sum in another order in place
+            assert np.allclose(got, ref, rtol=1e-4 if dtype == "float32" else 1e-12, atol=1e-3), f"{a} in place"
+        else:
+            assert got.tobytes() == host.tobytes(), f"{a}: in place differs from out of place"
 
 
 @pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "broadcast", "reduce", "alltoall"])

@@ -226,3 +226,31 @@ def test_drop_in_requests_mix_with_mpi4pys_in_waitall(rng):
     buf = np.arange(6.0) if R == 0 else np.zeros(6)
     comm.Ibcast(buf, root=0).Wait()
     assert np.array_equal(buf, np.arange(6.0))
+
+
+def test_calls_on_the_same_arrays_reuse_the_request_and_stay_correct(rng):
+    """A loop of requests on the very same arrays (kept and started again: `_RequestMemo`),
+    with the data changing between calls; two in flight on the same send buffer; a result
+    buffer made read-only; in place; a change of op; a broadcast."""
+    x, y, z = np.empty(300), np.empty(300), np.empty(300)
+    bound = []
+    for i in range(6):
+        x[:] = rng.integers(-9, 9, 300)
+        ref = np.empty(300)
+        COMM.Allreduce(x, ref)
+        q = ringmpi.iallreduce(x, y, algorithm="ring")
+        q2 = ringmpi.iallreduce(x, y if i == 3 else z, algorithm="ring")   # i == 3: the same result twice in flight
+        bound.append(q.source)
+        assert np.array_equal(q.wait(), ref) and (i == 3 or np.array_equal(q2.wait(), ref))
+        if i == 3:
+            assert np.array_equal(q2.wait(), ref)
+        w = x.copy()
+        assert np.array_equal(ringmpi.iallreduce(w, w, op="max").wait(), np.maximum.reduce(COMM.allgather(x)))
+        b = np.arange(4.0) + i if R == 0 else np.zeros(4)
+        assert np.array_equal(ringmpi.ibroadcast(b).wait(), np.arange(4.0) + i)
+    assert len({id(b) for b in bound}) <= 3, "the request on the same arrays was not started again"
+    y.flags.writeable = False
+    with pytest.raises(RingmpiUsageError, match="read-only"):
+        ringmpi.iallreduce(x, y, algorithm="ring")
+    y.flags.writeable = True
+    assert np.array_equal(ringmpi.iallreduce(x, y, algorithm="ring").wait(), ref)
