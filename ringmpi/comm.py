@@ -867,7 +867,7 @@ class _Persistent(MPI.Prequest):
 
     def Wait(self, status: Any = None) -> Literal[True]:
         result = self._ring.wait()
-        if self._then is not None and self._ring.request is not None:
+        if self._then is not None and result is not None:   # (None: never started)
             self._then(result)
         return True
 

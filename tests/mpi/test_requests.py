@@ -226,6 +226,17 @@ def test_drop_in_requests_mix_with_mpi4pys_in_waitall(rng):
     buf = np.arange(6.0) if R == 0 else np.zeros(6)
     comm.Ibcast(buf, root=0).Wait()
     assert np.array_equal(buf, np.arange(6.0))
+    for form in ("nonblocking", "persistent"):   # MPI's in place: this rank's block goes to the front
+        full = np.arange(2.0 * P) + R
+        want = sum(np.arange(2.0 * P) + q for q in range(P))[2 * R:2 * R + 2]
+        if form == "nonblocking":
+            comm.Ireduce_scatter_block(MPI.IN_PLACE, full, op=MPI.SUM).Wait()
+        else:
+            bound = comm.Reduce_scatter_block_init(MPI.IN_PLACE, full, op=MPI.SUM)
+            bound.Start()
+            bound.Wait()
+            bound.Free()
+        assert np.array_equal(full[:2], want), (form, full, want)
 
 
 def test_calls_on_the_same_arrays_reuse_the_request_and_stay_correct(rng):
