@@ -13,6 +13,7 @@ Errors read 'ringmpi.CALL (rank r of p): what was expected, what came'.
 """
 from __future__ import annotations
 
+import functools
 import time
 import weakref
 from typing import Any, Callable
@@ -385,37 +386,40 @@ class _Bound:
         `native` and the library has one, else one whose starts are `launch`."""
         bound = self.view.bind(self.call) if native else None
         if bound is not None:
-            return requests.Persistent(self.name, self.t, self.launch, native=bound, finish=self.finish, bound=self)
+            return requests.Persistent(self.name, self.t, self.launch, native=bound, bound=self,
+                                       finish=lambda: self.finish(self.view, self.call, self.result))
         return requests.Persistent(self.name, self.t, self.launch, bound=self)
 
     def launch(self, p: Any) -> Any:
-        view = self.view
+        """One call: its buffers and transport its own from here (a transient bind lets go
+        of them now: the request holds them until it completes)."""
+        view, call, result = self.view, self.call, self.result
         if p.request is not None:   # a persistent request's next start
-            view.again(self.name)
-        if self.native:
-            view.post(self.call)
-        req = requests.Request(self.name, view.seq, self.t, view, self.finish if self.native else self.body,
-                               on_done=self.on_done, posted=self.native)
-        return requests.engine().start(req, self.thread)
-
-    def body(self) -> Any:
-        try:
-            _run_body(self.view, self.dev, self.alg, self.call)
-        finally:
-            result = self._done()
-        return result
-
-    def finish(self) -> Any:
-        """MPI's own collective is complete: AVG's division, then the result."""
-        call = self.call
-        if call.op == "AVG" and call.recv is not None:
-            self.view.scale(call.recv, self.t.size)
-        return self._done()
-
-    def _done(self) -> Any:
-        result = self.result
+            if p.request.done:
+                view.again(self.name)
+            else:                    # (never two calls on one transport: each has its tag and scratch)
+                view = self.view = self.t.request_view(self.name)
         if self.transient:
             self.call = self.result = None
+        if self.native:
+            view.post(call)
+            body = functools.partial(self.finish, view, call, result)
+        else:
+            body = functools.partial(self.body, view, call, result)
+        req = requests.Request(self.name, view.seq, self.t, view, body, on_done=self.on_done, posted=self.native)
+        return requests.engine().start(req, self.thread)
+
+    def body(self, view: Any, call: Call, result: Any) -> Any:
+        dev = self.dev
+        if dev is not None and dev.parent is not view:   # (a fresh request transport: its own device one)
+            dev = view.device(dev.backend, dev.aware)
+        _run_body(view, dev, self.alg, call)
+        return result
+
+    def finish(self, view: Any, call: Call, result: Any) -> Any:
+        """MPI's own collective is complete: AVG's division, then the result."""
+        if call.op == "AVG" and call.recv is not None:
+            view.scale(call.recv, self.t.size)
         return result
 
 

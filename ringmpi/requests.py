@@ -247,7 +247,7 @@ class Engine:
         if grace and time.perf_counter() - req.started < grace:
             return False
         with self.lock:
-            if req.owner is None:
+            if req.owner is None and not req.done:   # (done: another thread completed it since the caller looked)
                 req.owner = me
                 return True
         return False
@@ -315,6 +315,7 @@ class Engine:
             raise
         except BaseException as err:   # noqa: BLE001 (the caller gets it from wait())
             req.error = err if error is None else req.group.failed(err, req.label, req.seq)
+        req.body = None       # (it holds the call's buffers: a kept request keeps no user array alive)
         req.view.close()
         with self.lock:
             req.done = True
