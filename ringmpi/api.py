@@ -332,15 +332,17 @@ def request(spec: Any, comm: Any, algorithm: Any, args: dict, persistent: bool =
     bound = _bind(e, spec, algorithm, call, result, on_done, st)
     if persistent:
         return bound.persistent(bound.native and on_done is None)
-    bound.transient = True
-    return bound.persistent(False).start().request
+    kept = bound.persistent(False)
+    kept.transient = True
+    return kept.start().request
 
 
 def restart(spec: Any, kept: Any, args: dict) -> Any:
     """A nonblocking call on the very arrays of an earlier one (`collectives._RequestMemo`):
-    its persistent request started again, after `prepare` checked these arguments afresh
-    (nothing else is redone: the algorithm, tunables and transport are the earlier call's);
-    None where anything about them differs (the caller takes the full path)."""
+    its persistent request started again, after the spec's `again` (what can change about
+    the same array objects), or `prepare` where the spec has none, checked these arguments
+    afresh (nothing else is redone: the algorithm, tunables and transport are the earlier
+    call's); None where anything about them differs (the caller takes the full path)."""
     bound = kept.bound
     send, recv = args[spec.send_arg], args.get(spec.recv_arg) if spec.recv_arg else None
     # the very arrays the call was bound to (the memo's identity check): what `again` checks
@@ -353,7 +355,7 @@ def restart(spec: Any, kept: Any, args: dict) -> Any:
         call, result = spec.prepare(Edge(f"i{spec.name}", bound.t), **args)
     except RingmpiUsageError:
         return None
-    if bound.shape != (call.count, call.dtype, call.op, call.root, call.counts, call.inplace, call.params):
+    if bound.shape != (call.count, call.dtype, call.op, call.root, call.counts, call.inplace):
         return None
     bound.call, bound.result = call._replace(params=bound.params) if bound.params != call.params else call, result
     return kept.start().request
@@ -361,17 +363,19 @@ def restart(spec: Any, kept: Any, args: dict) -> Any:
 
 class _Bound:
     """One request's call bound to its transport: what each start runs (`launch`). A
-    persistent request keeps its buffers; a nonblocking call's (`transient`) drops them
-    when complete, so that the memo keeping it for the next call on the same arrays
-    (`restart`) keeps no user array alive."""
+    persistent request keeps its buffers; a nonblocking call's (`Persistent.transient`)
+    hands them to its request at the start, which lets go of them when complete, so that
+    the memo keeping it for the next call on the same arrays (`restart`) keeps no user
+    array alive."""
     __slots__ = ("t", "view", "dev", "alg", "call", "result", "name", "on_done", "thread", "native", "params",
-                 "shape", "transient", "stripped", "canonical")
+                 "shape", "launched", "stripped", "canonical")
 
     def __init__(self, t: Any, view: Any, dev: Any, alg: Any, call: Call, result: Any, on_done: Any,
                  thread: bool) -> None:
         self.t, self.view, self.dev, self.alg, self.call, self.result = t, view, dev, alg, call, result
         self.name, self.on_done, self.params = view.label, on_done, call.params
-        self.shape = (call.count, call.dtype, call.op, call.root, call.counts, call.inplace, call.params)
+        # (the memo compares the given tunables: the shape leaves them out, `params` has them tuned)
+        self.shape = (call.count, call.dtype, call.op, call.root, call.counts, call.inplace)
         self.stripped, self.canonical = call._replace(send=None, recv=None), call.dtype   # (for `restart`)
         self.native = dev is None and _one_library_call(t, call.collective, alg, call)
         # MPI matches its own collectives by the order they are called in, not by tags: a
@@ -379,7 +383,7 @@ class _Bound:
         # MAX/MIN) runs its first step at the start, on the caller's thread, so that it
         # posts it in the order of the starts
         self.thread = thread and (self.native or alg.cost is not None)
-        self.transient = False
+        self.launched = False      # (a start after the first takes the next sequence number and tag)
 
     def persistent(self, native: bool) -> Any:
         """The `requests.Persistent` of this call: MPI-4's own persistent collective where
@@ -394,12 +398,13 @@ class _Bound:
         """One call: its buffers and transport its own from here (a transient bind lets go
         of them now: the request holds them until it completes)."""
         view, call, result = self.view, self.call, self.result
-        if p.request is not None:   # a persistent request's next start
-            if p.request.done:
+        if self.launched:           # a persistent request's next start
+            if p.request is None or p.request.done:
                 view.again(self.name)
             else:                    # (never two calls on one transport: each has its tag and scratch)
                 view = self.view = self.t.request_view(self.name)
-        if self.transient:
+        self.launched = True
+        if p.transient:
             self.call = self.result = None
         if self.native:
             view.post(call)
@@ -461,13 +466,19 @@ def _resolve_request(e: Edge, spec: Any, algorithm: str, call: Call, on: Any) ->
         except ValueError as err:
             e.fail(str(err))
         algorithm = choice["algorithm"]
+    return _runnable(e, spec, algorithm, call, on)
+
+
+def _runnable(e: Edge, spec: Any, name: str, call: Call, on: Any) -> tuple[Any, Call]:
+    """Algorithm `name` of the collective, checked to run on transport `on` (its layout,
+    MPI's count limit), and the call with its tunables; the error otherwise, on every rank."""
     try:
-        alg = _alg.get(spec.name, algorithm)
+        alg = _alg.get(spec.name, name)
     except ValueError as err:
         e.fail(str(err))
     why = alg.why_not(on)
     if why:
-        e.fail(f"algorithm {algorithm!r} cannot run here: {why}")
+        e.fail(f"algorithm {name!r} cannot run here: {why}")
     if alg.cost is None and not on.native_serves(call.count, spec.elementwise):
         e.fail(f"algorithm 'mpi' cannot take {call.count} elements: the MPI library's {spec.name} counts are "
                f"C ints (at most {on.max_count}); use one of ringmpi's algorithms or 'auto'")
@@ -620,17 +631,7 @@ def _resolve(e: Edge, spec: Any, algorithm: str, call: Call, dev: Any = None) ->
     else:
         name, choice = algorithm, {"collective": spec.name, "algorithm": algorithm, "why": "requested",
                                    "bytes": call.count * call.itemsize}
-    try:
-        alg = _alg.get(spec.name, name)
-    except ValueError as err:
-        e.fail(str(err))
-    why = alg.why_not(t if dev is None else dev)
-    if why:
-        e.fail(f"algorithm {name!r} cannot run here: {why}")
-    if alg.cost is None and not t.native_serves(call.count, spec.elementwise):
-        e.fail(f"algorithm 'mpi' cannot take {call.count} elements: the MPI library's {spec.name} counts are "
-               f"C ints (at most {t.max_count}); use one of ringmpi's algorithms or 'auto'")
-    call = _with_tunables(t, alg, call)
+    alg, call = _runnable(e, spec, name, call, t if dev is None else dev)
     t.describe(label(spec, name, call))
     t.last_choice = choice
     return alg, call, choice

@@ -48,11 +48,10 @@ from mpi4py import MPI
 from mpi4py.util import dtlib
 
 from . import collectives as _c
-from .api import algorithms, group, request
+from .api import CACHE, algorithms, group, request
 from .requests import ACTIVE, progress
 from .errors import RingmpiUsageError
 from .ops import SUPPORTED_DTYPES, check_op_dtype
-from .api import CACHE
 
 __all__ = ["Comm", "COLLECTIVES", "stats"]
 
@@ -234,7 +233,16 @@ _LABELS = {"Allreduce": "allreduce/mpi", "Bcast": "broadcast/mpi", "Allgather": 
            "Alltoall": "alltoall/mpi"}
 
 
-_ALL_KEPT: list = []   # every `_Kept` (for `stats`: the calls each passed)
+_ALL_KEPT: list = []   # the `_Kept` in use (for `stats`: the calls each passed; `_retire` folds them in)
+
+
+def _retire(kept: "_Kept") -> None:
+    """A `_Kept` no longer used (replaced, refused, or beyond the 256 most recent): its calls
+    go to CALLS."""
+    CALLS[kept.method] += kept.calls
+    kept.calls = 0
+    if kept in _ALL_KEPT:
+        _ALL_KEPT.remove(kept)
 
 
 class _Kept:
@@ -252,7 +260,8 @@ class _Kept:
         self.a, self.b, self.extra = (key[0], None, key[1]) if len(key) == 2 else key
         self.calls = 0
         _ALL_KEPT.append(self)
-        del _ALL_KEPT[:-256]
+        if len(_ALL_KEPT) > 256:
+            _retire(_ALL_KEPT[0])
 
     def run(self, comm: "Comm", a: Any, b: Any, c: Any, extra: Any) -> bool:
         """MPI's own `method(a, b[, c])` if the call fits (`b` is the second buffer, or for
@@ -287,7 +296,7 @@ class _Kept:
         except (BufferError, ValueError, TypeError):
             t.current = t.seq = t.seq - 1
             t.busy = None
-            comm._kept.pop(self.method, None)
+            _retire(comm._kept.pop(self.method, self))
             return False
         except BaseException as err:   # (MPI's own error: the other ranks are told, as in a plan)
             raised = t.failed(err)
@@ -588,6 +597,9 @@ class Comm(MPI.Intracomm):
         if choice.get("algorithm") == "mpi" and (tuner is None or tuner.winner == "mpi"):
             if self._kept is None:
                 self._kept = {}
+            old = self._kept.get(method)
+            if old is not None:
+                _retire(old)
             self._kept[method] = _Kept(method, key, CACHE.generation)
 
     def _transport(self) -> Any:

@@ -145,6 +145,8 @@ class _Wire(CountedMemory, PrivateMemory, ReceiveThenReduce):
     tag: int
     max_count: int
     pool: ScratchPool
+    devices: dict
+    profile: Any
 
     def sendrecv(self, sendbuf: np.ndarray | None, dest: int | None,
                  recvbuf: np.ndarray | None, source: int | None) -> None:
@@ -208,6 +210,19 @@ class _Wire(CountedMemory, PrivateMemory, ReceiveThenReduce):
     def native_serves(self, count: int, elementwise: bool) -> bool:
         """Whether the library's own collective can take a call of `count` elements."""
         return elementwise or count <= self.max_count
+
+    def device(self, backend: Any, aware: bool) -> Any:
+        """The transport for calls on `backend`'s device buffers (`ringmpi.device`), made at
+        first use and kept: its device scratch and pinned staging buffers live as long as
+        this transport (a communicator's; a request's, whose staging is its own)."""
+        g = self.devices.get(backend.name)
+        if g is None:
+            prof = self.profile
+            alpha, beta = (prof.alpha, prof.beta) if prof is not None else (5e-6, 1 / 10e9)
+            g = self.devices[backend.name] = DeviceGroup(self, backend, aware, alpha, beta)
+        g.aware = aware
+        g.chunk_fixed = settings().stage_chunk
+        return g
 
     def _in_pieces(self, function: str, args: tuple, arrays: list) -> None:
         """An element-wise collective above the count limit: the same call on consecutive
@@ -280,7 +295,7 @@ class MPITransport(_Wire):
         so no message of one call can match another call, nor a call of another collective
         or algorithm that a mistaken rank makes at the same place (that wait is named and
         ended by the stall inspector instead of giving a silently wrong result)."""
-        if requests.in_flight():
+        if requests.ACTIVE:
             requests.progress()
         self.seq += 1
         self.current = self.seq
@@ -341,7 +356,7 @@ class MPITransport(_Wire):
     # -- data movement: blocking (beside requests in flight, tested in turn with them) ---
     def _sendrecv(self, sp: list, dest: int | None, rp: list, source: int | None) -> None:
         """Pieces sp[i] and rp[i] in one MPI_Sendrecv each (a missing side: MPI_PROC_NULL)."""
-        if requests.in_flight():
+        if requests.ACTIVE:
             self._beside_requests(self._post_pairs(sp, dest if sp else MPI.PROC_NULL, rp,
                                                    source if rp else MPI.PROC_NULL))
             return
@@ -360,7 +375,7 @@ class MPITransport(_Wire):
                  recvs: Sequence[tuple[np.ndarray, int]]) -> None:
         """Post every receive and send at once, then wait for all (root fan-in / fan-out)."""
         reqs = self._post(sends, recvs)
-        if requests.in_flight():
+        if requests.ACTIVE:
             self._beside_requests(reqs)
             return
         MPI.Request.Waitall(reqs)
@@ -523,19 +538,6 @@ class MPITransport(_Wire):
             self._split = (local, cross, node, node_comm)
         return self._split[0], self._split[1]
 
-    def device(self, backend: Any, aware: bool) -> Any:
-        """The transport for calls on `backend`'s device buffers (`ringmpi.device`), made at
-        first use and kept: its device scratch and pinned staging buffers live as long as
-        this communicator."""
-        g = self.devices.get(backend.name)
-        if g is None:
-            prof = self.profile
-            alpha, beta = (prof.alpha, prof.beta) if prof is not None else (5e-6, 1 / 10e9)
-            g = self.devices[backend.name] = DeviceGroup(self, backend, aware, alpha, beta)
-        g.aware = aware
-        g.chunk_fixed = settings().stage_chunk
-        return g
-
     def hostnames(self) -> list[str]:
         return self.ctl.allgather(MPI.Get_processor_name())
 
@@ -685,16 +687,6 @@ class RequestView(_Wire):
 
     def split_nodes(self) -> tuple[Any, Any]:
         raise ValueError("the hierarchical schedule runs blocking calls only (shared memory inside a host)")
-
-    def device(self, backend: Any, aware: bool) -> Any:
-        """This request's device transport (staging buffers of its own)."""
-        g = self.devices.get(backend.name)
-        if g is None:
-            base = self.group.device(backend, aware)
-            g = self.devices[backend.name] = DeviceGroup(self, backend, aware, base.alpha, base.beta)
-        g.aware = aware
-        g.chunk_fixed = settings().stage_chunk
-        return g
 
     @property
     def profile(self) -> Any:

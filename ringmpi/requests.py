@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 from greenlet import GreenletExit, getcurrent, greenlet
 
-__all__ = ["Request", "Persistent", "waitall", "testall", "progress", "in_flight", "engine", "Engine", "ACTIVE"]
+__all__ = ["Request", "Persistent", "waitall", "testall", "progress", "engine", "Engine", "ACTIVE"]
 
 
 @dataclass(eq=False)
@@ -70,11 +70,12 @@ class Request:
                                    # call on the very same arrays, `collectives._as_request`)
 
     def test(self) -> bool:
-        """Advance this request (and the others this thread owns); True once complete.
-        A call that failed raises its error here, once complete."""
+        """Advance this request (and the others this thread owns); True once complete, which
+        completes it as a wait does (MPI_Test's rule: the result is in the caller's buffer,
+        and `wait()` still returns it). A call that failed raises its error here."""
         if not self.done:
             engine().advance_mine()
-        if self.done and self.error is not None:
+        if self.done:
             self._collect()
         return self.done
 
@@ -85,7 +86,12 @@ class Request:
         return self._collect()
 
     def _collect(self) -> Any:
-        self.waited = True
+        if not self.waited:
+            self.waited = True
+            engine().collected(self)
+        source = self.source
+        if source is not None and source.transient and source.request is self:
+            source.request = None
         if self.error is not None:
             err, self.error = self.error, None
             raise err
@@ -114,6 +120,9 @@ class Persistent:
     active: bool = False                                 # (native) started, not yet waited for
     seq: int = 0                                         # (native) the last start's call number
     bound: Any = None                                    # what its starts run (`api._Bound`)
+    #: a nonblocking call's, kept for the next call on the same arrays: it forgets its call
+    #: once waited for (the call's result is the caller's buffer: nothing kept holds it)
+    transient: bool = False
 
     def start(self) -> "Persistent":
         if self.native is not None and not self.active:
@@ -179,13 +188,8 @@ class Persistent:
 def waitall(requests: Any) -> list:
     """Wait for every request (any order of completion); their results, in order. A call
     that failed raises after all the others are complete."""
-    requests = list(requests)
-    eng = engine()
     first: BaseException | None = None
     out = []
-    for r in requests:
-        if not r.done:
-            eng.wait_for(r.request if isinstance(r, Persistent) else r)
     for r in requests:
         try:
             out.append(r.wait())
@@ -213,7 +217,6 @@ class Engine:
         self.active = ACTIVE                 # begun, not complete
         self.unwaited: list[Request] = []    # complete, not yet waited for (reported at exit)
         self.thread: threading.Thread | None = None
-        self.use_thread = False              # RINGMPI_PROGRESS=thread (set by `start`)
         self.urgent = 0                      # callers waiting for a request the thread owns
         self._local = threading.local()      # per thread: idle worker greenlets
 
@@ -273,7 +276,7 @@ class Engine:
             req.let = self._idle.pop() if self._idle else greenlet(self._work)
             req.resumer = here
             view.suspend = here.switch
-            req.let.switch(req)
+            req.let.switch([req])   # (in a list it empties: a new greenlet keeps its first arguments)
             return True
         failed = None
         try:
@@ -298,13 +301,14 @@ class Engine:
             idle = self._local.idle = []
         return idle
 
-    def _work(self, req: Request) -> None:
+    def _work(self, first: list) -> None:
         """A worker greenlet: runs one request's body at a time, then waits for the next."""
+        req = first.pop()
         while True:
             self._run(req)
-            let = getcurrent()
-            self._idle.append(let)
-            req = req.resumer.switch()
+            resumer, req = req.resumer, None   # (an idle worker holds no request, nor its result)
+            self._idle.append(getcurrent())
+            req = resumer.switch().pop()
 
     def _run(self, req: Request, error: BaseException | None = None) -> None:
         try:
@@ -330,16 +334,24 @@ class Engine:
         if req.on_done is not None:
             req.on_done(req)
 
+    def collected(self, req: Request) -> None:
+        """`req` was waited for: no longer kept for the report of those never waited for
+        (nor its result with it)."""
+        with self.lock:
+            if req in self.unwaited:
+                self.unwaited.remove(req)
+
     def mine(self) -> list[Request]:
         me = threading.get_ident()
         with self.lock:
             return [r for r in self.active if r.owner in (None, me)]
 
-    def advance_mine(self) -> bool:
-        """Advance every request this thread owns or may take; True when any moved."""
+    def advance_mine(self, grace: float = 0.0) -> bool:
+        """Advance every request this thread owns or may take (`_claim`'s `grace`); True when
+        any moved."""
         moved = False
         for r in self.mine():
-            moved |= self._step(r)
+            moved |= self._step(r, grace)
         return moved
 
     def wait_for(self, req: Request) -> None:
@@ -426,9 +438,7 @@ class Engine:
                 while not any(r.owner in (None, me) for r in self.active):
                     self.wake.wait()
                     nap = 0.0
-            moved = False
-            for r in self.mine():
-                moved |= self._step(r, GRACE)
+            moved = self.advance_mine(GRACE)   # (its loop's names die with it: an idle thread holds no request)
             if moved or self.urgent:
                 nap = 0.0
                 time.sleep(0)       # (gives the GIL away: the caller may be waiting for it)
@@ -474,8 +484,9 @@ GRACE = 1e-4
 #: large message over TCP advances only when it is tested, so a longer nap stretches the
 #: transfer (benchmarks/README.md, "Requests"); Linux sleeps at least ~50 us more anyway
 MAX_NAP = 2e-5
-#: every request begun and not complete in this process (a blocking call tests it: one
-#: global read while nothing is in flight)
+#: every request begun and not complete in this process (a blocking call tests it, one
+#: global read while nothing is in flight, and then advances the requests beside its own
+#: messages: `Engine.alongside`)
 ACTIVE: list[Request] = []
 _ENGINE: list[Engine] = []
 _MAKING = threading.Lock()
@@ -488,12 +499,6 @@ def engine() -> Engine:
             if not _ENGINE:
                 _ENGINE.append(Engine())
     return _ENGINE[0]
-
-
-def in_flight() -> bool:
-    """Whether any request is in flight in this process (a blocking call then tests its own
-    messages and advances the requests beside them: `Engine.alongside`)."""
-    return bool(ACTIVE)
 
 
 def progress() -> bool:
