@@ -80,9 +80,13 @@ class _Peers:
 
 def die(message: str, abort: Any, code: int) -> None:
     """Print `message` (one write), give the launcher half a second to forward it before the
-    abort tears the job down, then abort the job with `code`."""
-    sys.stderr.write(message)
-    sys.stderr.flush()
+    abort tears the job down, then abort the job with `code`. Written to the process's own
+    standard error: a caller may have replaced `sys.stderr` for the moment (torch.distributed's
+    excepthook collects the traceback in a StringIO to prefix its lines, and would print it
+    after our abort: never)."""
+    err = sys.__stderr__ or sys.stderr
+    err.write(message)
+    err.flush()
     time.sleep(0.5)
     # an MPI_Abort that never returns nor kills (seen once in seven runs with Debian's Open
     # MPI 4.1.4 after another rank had exited): leave anyway, and the launcher ends the job
