@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -651,28 +651,42 @@ def alltoall(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, comm: An
 
 # -- requests: the same calls nonblocking (i...) and persistent (..._init) ------------------
 
+class Parameters:
+    """A public function's parameters, to bind a call's arguments by name as Python would
+    (`inspect.Signature.bind` costs ten times `bind`, for the shapes a call can take)."""
+    __slots__ = ("signature", "positional", "defaults")
+
+    def __init__(self, fn: Callable) -> None:
+        self.signature = sig = inspect.signature(fn)
+        self.defaults = {k: v.default for k, v in sig.parameters.items() if v.default is not inspect.Parameter.empty}
+        self.positional = [k for k, v in sig.parameters.items() if v.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+
+    def bind(self, name: str, args: tuple, kwargs: dict) -> dict:
+        """Every argument by name, defaults filled in; TypeError naming call `name` otherwise."""
+        known, positional = self.signature.parameters, self.positional
+        if len(args) > len(positional) or not kwargs.keys() <= known.keys() or \
+                not kwargs.keys().isdisjoint(positional[:len(args)]):
+            try:
+                self.signature.bind(*args, **kwargs)
+            except TypeError as err:
+                raise TypeError(f"{name}: {err}") from None
+        given = {**self.defaults, **dict(zip(positional, args)), **kwargs}
+        if len(given) < len(known):
+            missing = [k for k in known if k not in given]
+            raise TypeError(f"{name}: missing argument {missing[0]!r}")
+        return given
+
+
 def _as_request(blocking: Any, spec: Collective, persistent: bool) -> Any:
     """The nonblocking or persistent form of public function `blocking`: its arguments
     (the same names and defaults), a `ringmpi.requests.Request` or `Persistent` back."""
     sig = inspect.signature(blocking)
     name = f"{spec.name}_init" if persistent else f"i{spec.name}"
-    defaults = {k: v.default for k, v in sig.parameters.items() if v.default is not inspect.Parameter.empty}
-    positional = [k for k, v in sig.parameters.items() if v.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
-
+    parameters = Parameters(blocking)
     memo = _RequestMemo(spec)
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        # (inspect.Signature.bind costs ten times this, for the shapes a call can take)
-        if len(args) > len(positional) or not kwargs.keys() <= sig.parameters.keys() or \
-                not kwargs.keys().isdisjoint(positional[:len(args)]):
-            try:
-                sig.bind(*args, **kwargs)
-            except TypeError as err:
-                raise TypeError(f"ringmpi.{name}: {err}") from None
-        given = {**defaults, **dict(zip(positional, args)), **kwargs}
-        if len(given) < len(sig.parameters):
-            missing = [k for k in sig.parameters if k not in given]
-            raise TypeError(f"ringmpi.{name}: missing argument {missing[0]!r}")
+        given = parameters.bind(f"ringmpi.{name}", args, kwargs)
         comm, algorithm = given.pop("comm"), given.pop("algorithm")
         if persistent:
             return request(spec, comm, algorithm, given, True)
