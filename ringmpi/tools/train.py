@@ -35,28 +35,38 @@ def _staleness() -> int:
     return 0
 
 
+class _Progress:
+    """A line per step on rank 0 (and a progress bar where stderr is a terminal)."""
+
+    def __init__(self, ns, t) -> None:
+        self.lead = t.rank == 0 and not ns.quiet
+        self.bar = None
+        if self.lead and sys.stderr.isatty():
+            from rich.progress import Progress
+            self.bar = Progress(transient=True)
+            self.bar.start()
+            self.bar.add_task("training", total=ns.steps)
+
+    def __call__(self, s: int, loss: float) -> None:
+        if self.lead:
+            print(f"step {s:>5}  loss {loss:.6f}", flush=True)
+            if self.bar:
+                self.bar.advance(self.bar.task_ids[0])
+
+    def stop(self) -> None:
+        if self.bar:
+            self.bar.stop()
+
+
 def _train(ns, t, task, kw):
     """Train with a progress line per step on rank 0; returns (ddp, seconds)."""
-    lead = t.rank == 0 and not ns.quiet
-    bar = None
-    if lead and sys.stderr.isatty():
-        from rich.progress import Progress
-        bar = Progress(transient=True)
-        bar.start()
-        bar.add_task("training", total=ns.steps)
-
-    def show(s, loss):
-        if lead:
-            print(f"step {s:>5}  loss {loss:.6f}", flush=True)
-            if bar:
-                bar.advance(bar.task_ids[0])
+    show = _Progress(ns, t)
     t.barrier()
     t0 = time.perf_counter()
     try:
         ddp, _, _ = train_dp(task, ns.steps, ns.batch, algorithm=ns.algorithm, on_step=show, **kw)
     finally:
-        if bar:
-            bar.stop()
+        show.stop()
     t.barrier()
     return ddp, time.perf_counter() - t0
 
@@ -95,6 +105,8 @@ def _speedup(ns, t, task, kw, ddp, elapsed) -> None:
 def _run(ns) -> int:
     if ns.staleness:
         return _staleness()
+    if ns.framework == "torch":
+        return _run_torch(ns)
     t = group()
     dtype = np.dtype(ns.dtype)
     try:
@@ -118,6 +130,28 @@ def _run(ns) -> int:
     return 0 if same else 1
 
 
+def _run_torch(ns) -> int:
+    """HW5 on torch (`ringmpi.torch.trainer`): an MLP on the host, SGD or Adam."""
+    for flag, value, default in (("--model", ns.model, "mlp"), ("--device", ns.device, "cpu")):
+        if value != default:
+            raise RingmpiUsageError(f"--framework torch: {flag} {value} is not offered (only {default})")
+    if ns.speedup:
+        raise RingmpiUsageError("--framework torch: --speedup is not offered (benchmarks/torch_gloo.py times DDP)")
+    try:
+        from ..torch.trainer import run
+    except ImportError as e:
+        raise RingmpiUsageError(f"--framework torch: {e}") from None
+    t = group()
+    if t.rank == 0 and not ns.quiet:
+        print(f"# ringmpi train --framework torch: mlp {ns.sizes}, {t.size} ranks, global batch {ns.batch}, "
+              f"{ns.steps} steps, {ns.dtype}, HW5's average_gradients on ringmpi ({ns.algorithm})")
+    show = _Progress(ns, t)
+    try:
+        return run(ns, t, show)
+    finally:
+        show.stop()
+
+
 def _positive(kind: type) -> Callable[[str], Any]:
     def convert(text: str) -> Any:
         try:
@@ -135,6 +169,8 @@ def add_parser(sub, name: str = "train", text: str = "") -> None:
     a = sub.add_parser(name, help=text, description=__doc__.split("\n\n")[0],
                        epilog="example: python -m ringmpi.launch -n 4 -- .venv/bin/ringmpi train --steps 20 --compare",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    a.add_argument("--framework", choices=["numpy", "torch"], default="numpy",
+                   help="numpy (ringmpi's own models) or torch (HW5's functions on torch modules, ringmpi.torch)")
     a.add_argument("--model", choices=["mlp", "rnn"], default="mlp", help="an MLP classifier or a character RNN")
     a.add_argument("--sizes", type=args.int_list, default="16,32,32,4", help="MLP layer sizes")
     a.add_argument("--samples", type=_positive(int), default=512, help="data set size")

@@ -26,7 +26,7 @@ LAYERS = [
     ("collectives", {"collectives"}),
     ("transports", {"mpicomm", "sim", "shm"}),
     ("mpi4py drop-in", {"comm", "run"}),
-    ("trainer", {"dp", "dp.*"}),
+    ("trainer", {"dp", "dp.*", "torch", "torch.*"}),
     ("package and tools", {"__init__", "__main__", "launch", "tools", "tools.*"}),
 ]
 #: the one upward edge: the call pipeline creates the MPI transport at the first call
