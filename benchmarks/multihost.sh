@@ -28,7 +28,7 @@ if [ "$(id -u)" != 0 ] || ! ip netns add rmhprobe 2>/dev/null; then
   exit 3
 fi
 ip netns del rmhprobe
-PY=$(pwd)/.venv/bin/python
+PY=${PY:-$(pwd)/.venv/bin/python}   # (PY=$PWD/.venv-torch/bin/python: the venv with torch)
 MPIRUN=$(dirname "$PY")/mpirun
 WORK=
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

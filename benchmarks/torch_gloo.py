@@ -13,8 +13,12 @@ DDP (`--ddp`, on by default): an MLP (`--sizes`, default the issue's 512-2048-10
 `--batch` samples per rank, one thread per rank, SGD; steps of DistributedDataParallel on
 gloo (its default all-reduce), on gloo with `ringmpi.torch.allreduce_hook`, and on the
 ringmpi backend, in interleaved blocks; and the step's computation alone (the same model
-without DDP) and the gradients' all-reduce alone (ringmpi, every bucket of DDP's size, one
-after the other), for the share of communication hidden: (compute + comm - step) / comm.
+without DDP) and the gradients' all-reduce alone (by gloo and by ringmpi, every bucket of
+DDP's size, one after the other), for the share of communication each hides:
+(compute + comm - step) / comm. Every call and step runs `--warmup` times first: auto
+tunes online during its first calls of a size, and a training loop's steady state is after.
+On two namespace hosts: `PY=$PWD/.venv-torch/bin/python RATE=1gbit RUN_CMD="$PWD/.venv-torch/bin/python
+benchmarks/torch_gloo.py --no-collectives --batch 1024" bash benchmarks/multihost.sh 2`.
 """
 from __future__ import annotations
 
@@ -41,7 +45,12 @@ def timed(fn, reps: int, comm) -> float:
     return comm.allreduce((time.perf_counter() - t0) / reps, op=MPI.MAX)
 
 
-def compare(title: str, calls: dict, rounds: int, reps: int, comm, order: random.Random) -> dict:
+def compare(title: str, calls: dict, rounds: int, reps: int, comm, order: random.Random, warm: int = 0) -> tuple:
+    """Each call `warm` times first (auto's online tuning explores for its first calls of a
+    size: the steady state of a training loop is after it), then `rounds` shuffled rounds."""
+    for fn in calls.values():
+        for _ in range(warm):
+            fn()
     runs: dict[str, list[float]] = {k: [] for k in calls}
     for _ in range(rounds):
         names = list(calls)
@@ -97,7 +106,8 @@ def collectives(ns, comm, ring_pg, order) -> None:
             },
         }
         for name, calls in sets.items():
-            ratios, _ = compare(f"{name} {human_bytes(nbytes)}", calls, ns.rounds, reps, comm, order)
+            ratios, _ = compare(f"{name} {human_bytes(nbytes)}", calls, ns.rounds, reps, comm, order,
+                                max(reps, ns.warmup))
             summary.setdefault(name, []).append((nbytes, ratios["ringmpi.torch"]))
     if r == 0:
         print("# ringmpi.torch / gloo, median over rounds:", flush=True)
@@ -136,39 +146,48 @@ def ddp_steps(ns, comm, ring_pg, order) -> None:
         return step
 
     alone = mlp(sizes, 0)
-    gloo = torch.nn.parallel.DistributedDataParallel(mlp(sizes, 0))
-    hooked = torch.nn.parallel.DistributedDataParallel(mlp(sizes, 0))
+    cap = ns.bucket_cap_mb
+    gloo = torch.nn.parallel.DistributedDataParallel(mlp(sizes, 0), bucket_cap_mb=cap)
+    hooked = torch.nn.parallel.DistributedDataParallel(mlp(sizes, 0), bucket_cap_mb=cap)
     hooked.register_comm_hook(rt.HookState(), rt.allreduce_hook)
-    ring = torch.nn.parallel.DistributedDataParallel(mlp(sizes, 0), process_group=ring_pg)
+    ring = torch.nn.parallel.DistributedDataParallel(mlp(sizes, 0), process_group=ring_pg, bucket_cap_mb=cap)
     grads = [p.detach().clone().reshape(-1) for p in alone.parameters()]
-    # the all-reduce alone: DDP's buckets (25 MB cap, 1 MB first), as one flat buffer per bucket
-    cap, first, buckets, cur, size = 25e6, 1e6, [], [], 0
+    # the all-reduce alone: DDP's buckets (the cap; 1 MB first), one flat buffer per bucket,
+    # one after the other, by each library
+    buckets, cur, size = [], [], 0
     for g in reversed(grads):
-        if cur and size + g.nbytes > (first if not buckets else cap):
+        if cur and size + g.nbytes > (1e6 if not buckets else cap * 2 ** 20):
             buckets.append(torch.cat(cur))
             cur, size = [], 0
         cur.append(g)
         size += g.nbytes
     buckets.append(torch.cat(cur))
 
-    def comm_alone() -> None:
+    def ringmpi_alone() -> None:
         for b in buckets:
             rt.allreduce(b, b, op="avg")
+
+    def gloo_alone() -> None:
+        for b in buckets:
+            dist.all_reduce(b)
     calls = {"gloo": stepper(gloo), "gloo + ringmpi hook": stepper(hooked), "ringmpi backend": stepper(ring),
-             "compute alone": stepper(alone), "all-reduce alone": comm_alone}
+             "compute alone": stepper(alone), "gloo all-reduce alone": gloo_alone,
+             "ringmpi all-reduce alone": ringmpi_alone}
     nparams = sum(p.numel() for p in alone.parameters())
     if r == 0:
         print(f"# DDP steps: MLP {ns.sizes} ({nparams / 1e6:.2f} M parameters, {nparams * 4 / 1e6:.1f} MB of "
-              f"gradients, {len(buckets)} buckets), batch {ns.batch} per rank, {torch.get_num_threads()} thread(s)",
-              flush=True)
-    ratios, med = compare("DDP step", calls, ns.rounds, ns.steps, comm, order)
+              f"gradients, buckets of {cap:g} MB: {len(buckets)}), batch {ns.batch} per rank, "
+              f"{torch.get_num_threads()} thread(s), {ns.warmup} steps of warm-up", flush=True)
+    ratios, med = compare("DDP step", calls, ns.rounds, ns.steps, comm, order, ns.warmup)
     if r == 0:
-        c, m = med["compute alone"], med["all-reduce alone"]
-        for k in ("gloo", "gloo + ringmpi hook", "ringmpi backend"):
-            hidden = (c + m - med[k]) / m if k != "gloo" else float("nan")
-            extra = f", hidden {hidden * 100:.0f}% of ringmpi's all-reduce alone" if k != "gloo" else ""
-            print(f"# {k:20s} {med[k] * 1e3:8.2f} ms per step, {ratios[k]:.3f}x gloo's{extra}", flush=True)
-        print(f"# computation alone {c * 1e3:.2f} ms, ringmpi all-reduce alone {m * 1e3:.2f} ms", flush=True)
+        c = med["compute alone"]
+        for k, alone_k in (("gloo", "gloo all-reduce alone"), ("gloo + ringmpi hook", "ringmpi all-reduce alone"),
+                           ("ringmpi backend", "ringmpi all-reduce alone")):
+            m = med[alone_k]
+            print(f"# {k:20s} {med[k] * 1e3:8.2f} ms per step, {ratios[k]:.3f}x gloo's, hidden "
+                  f"{(c + m - med[k]) / m * 100:.0f}% of its all-reduce alone ({m * 1e3:.2f} ms)", flush=True)
+        print(f"# computation alone {c * 1e3:.2f} ms; overlap (ringmpi.torch.overlaps) "
+              f"{'on' if rt.overlaps() else 'off'} here", flush=True)
 
 
 def main() -> None:
@@ -178,7 +197,9 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=200, help="calls per timed loop (fewer for large messages)")
     ap.add_argument("--steps", type=int, default=10, help="DDP steps per timed block")
     ap.add_argument("--sizes", default="512,2048,1024,10")
-    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=64, help="samples per rank")
+    ap.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's bucket cap")
+    ap.add_argument("--warmup", type=int, default=40, help="calls (steps) of each kind before the timed rounds")
     ap.add_argument("--no-collectives", dest="collectives", action="store_false")
     ap.add_argument("--no-ddp", dest="ddp", action="store_false")
     ns = ap.parse_args()

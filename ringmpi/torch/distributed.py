@@ -133,9 +133,9 @@ class ProcessGroupRingmpi(dist.ProcessGroup):
     def _run(self, name: str, given: dict, tensors: list, opts: Any, then: Any = None) -> _Work:
         """One ringmpi call on tensors: blocking when the caller waits at once, else a
         request; the work's value is `tensors` (after `then`, a copy out of the result)."""
-        arrays = _Arrays()
+        arrays = _Arrays(f"torch.distributed.{name} (ringmpi)")
         for k, v in list(given.items()):
-            given[k] = arrays.of(v, f"torch.distributed.{name} (ringmpi)", k)
+            given[k] = arrays.of(v, k)
         def finish(out: Any) -> list:
             if then is not None:
                 then(out)
@@ -281,8 +281,8 @@ def allreduce_hook(state: HookState | None, bucket):  # noqa: ANN201 (DDP refuse
         state.overlap = overlaps(state.comm)
     buf = bucket.buffer()
     state.buckets += 1
-    arrays = _Arrays()
-    a = arrays.of(buf, "ringmpi.torch.allreduce_hook", "bucket")
+    arrays = _Arrays("ringmpi.torch.allreduce_hook")
+    a = arrays.of(buf, "bucket")
     req = TensorRequest("allreduce", state.comm, state.algorithm, dict(sendbuf=a, recvbuf=a, op="avg"), arrays,
                         overlap=state.overlap)
     return req.get_future()

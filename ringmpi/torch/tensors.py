@@ -2,7 +2,10 @@
 requests whose futures ringmpi's progress thread completes)."""
 from __future__ import annotations
 
+import functools
 import os
+import threading
+import weakref
 from typing import Any, Callable
 
 try:
@@ -21,11 +24,43 @@ __all__ = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "a
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall")
 
 
-def as_array(t: Any, call: str = "ringmpi.torch", what: str = "buffer") -> Any:
+def as_array(t: Any, call: str = "ringmpi.torch", what: Any = "buffer") -> Any:
     """The array on `t`'s memory (numpy for a CPU tensor, cupy for a CUDA one); anything
-    that is not a tensor passes through unchanged."""
+    that is not a tensor passes through unchanged. The array made for a tensor is kept for
+    its next call while the tensor's memory and layout stay the same (`_VIEWS`): ringmpi's
+    own plan of the last call then finds the very arrays it ran on."""
     if not isinstance(t, torch.Tensor):
         return t
+    known = _VIEWS.get(id(t))
+    if known is not None:
+        ref, ptr, shape, stride, a = known
+        if ref() is t and t.data_ptr() == ptr and t.shape == shape and t.stride() == stride:
+            return a
+    a = _view(t, call, what)
+    try:   # (the array holds the tensor's memory: the entry goes when the tensor does)
+        ref = weakref.ref(t, functools.partial(_forget, id(t)))
+    except TypeError:                 # (a tensor subclass without weak references)
+        return a
+    if len(_VIEWS) >= 64:             # (the oldest goes: a training loop reuses a few tensors)
+        del _VIEWS[next(iter(_VIEWS))]
+    _VIEWS[id(t)] = (ref, t.data_ptr(), t.shape, t.stride(), a)
+    return a
+
+
+#: id(tensor) -> (weak reference, data pointer, shape, strides, array) of recent live tensors
+_VIEWS: dict[int, tuple] = {}
+
+
+def _forget(key: int, ref: Any) -> None:
+    known = _VIEWS.get(key)
+    if known is not None and known[0] is ref:
+        del _VIEWS[key]
+
+
+def _view(t: Any, call: str, what: Any) -> Any:
+    """(`what`: the argument's name, or its position from 0)"""
+    if isinstance(what, int):
+        what = f"argument {what + 1}"
     t = t.detach()
     kind = t.device.type
     if kind == "cuda":
@@ -34,12 +69,12 @@ def as_array(t: Any, call: str = "ringmpi.torch", what: str = "buffer") -> Any:
         except ImportError as err:
             raise TypeError(f"{call}: {what} is a CUDA tensor; ringmpi's device path needs cupy ({err})") from None
         if t.dtype is torch.bfloat16:
-            return cupy.asarray(t.view(torch.int16)).view(_bfloat16())
+            return cupy.asarray(t.view(torch.int16)).view(_bfloat16(call))
         return cupy.asarray(t)
     if kind != "cpu":
         raise TypeError(f"{call}: {what} is a tensor on {t.device}; expected a CPU or CUDA tensor")
     if t.dtype is torch.bfloat16:
-        return t.view(torch.int16).numpy().view(_bfloat16())
+        return t.view(torch.int16).numpy().view(_bfloat16(call))
     try:
         return t.numpy()
     except (RuntimeError, TypeError) as err:   # (conjugate or negative views, dtypes numpy lacks)
@@ -50,21 +85,25 @@ def as_tensor(a: Any) -> Any:
     """The tensor on array `a`'s memory (no copy); None stays None."""
     if a is None or isinstance(a, torch.Tensor):
         return a
+    bf16 = _bfloat16() if a.dtype.kind == "V" else None     # (ml_dtypes' types are numpy void kinds)
     if isinstance(a, np.ndarray):
-        if a.dtype == _bfloat16():
+        if bf16 is not None and a.dtype == bf16:
             return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(a)
-    if a.dtype == _bfloat16():          # (a cupy array)
+    if bf16 is not None and a.dtype == bf16:          # (a cupy array)
         return torch.as_tensor(a.view(np.int16), device="cuda").view(torch.bfloat16)
     return torch.as_tensor(a, device="cuda")
 
 
-def _bfloat16() -> Any:
-    """ml_dtypes' bfloat16 (ml_dtypes comes with ringmpi's reduced-precision support)."""
+def _bfloat16(call: str | None = None) -> Any:
+    """ml_dtypes' bfloat16 (the numpy extension JAX uses), or None without ml_dtypes (a
+    TypeError naming `call` where one is given: a bfloat16 tensor cannot be handed over)."""
     try:
         import ml_dtypes
     except ImportError:
-        return np.dtype("V2")           # (compares unequal to every array dtype a tensor gives)
+        if call is None:
+            return None
+        raise TypeError(f"{call}: a bfloat16 tensor needs ml_dtypes for its numpy view (pip install ml_dtypes)") from None
     return np.dtype(ml_dtypes.bfloat16)
 
 
@@ -72,21 +111,18 @@ class _Arrays:
     """A call's arguments with every tensor replaced by its array (one array per tensor: a
     tensor given twice is in place), and the way back: the result array that is a given
     buffer comes back as that very tensor."""
-    __slots__ = ("tensors", "arrays")
+    __slots__ = ("call", "tensors")
 
-    def __init__(self) -> None:
+    def __init__(self, call: str) -> None:
+        self.call = call
         self.tensors: dict[int, Any] = {}    # id(array) -> tensor
-        self.arrays: dict[int, Any] = {}     # id(tensor) -> (tensor, array)
 
-    def of(self, value: Any, call: str, what: str) -> Any:
+    def of(self, value: Any, what: Any) -> Any:
+        """`value`'s array if it is a tensor (`what`: its argument's name or position)."""
         if not isinstance(value, torch.Tensor):
             return value
-        known = self.arrays.get(id(value))
-        if known is not None:
-            return known[1]
-        a = as_array(value, call, what)
+        a = as_array(value, self.call, what)
         self.tensors[id(a)] = value
-        self.arrays[id(value)] = (value, a)
         return a
 
     def back(self, result: Any) -> Any:
@@ -96,19 +132,24 @@ class _Arrays:
         return t if t is not None else as_tensor(result)
 
 
-def _arguments(name: str, args: tuple, kwargs: dict) -> tuple[_Arrays, tuple, dict]:
-    arrays = _Arrays()
-    call = f"ringmpi.torch.{name}"
-    args = tuple(arrays.of(a, call, f"argument {i + 1}") for i, a in enumerate(args))
-    kwargs = {k: arrays.of(v, call, k) for k, v in kwargs.items()}
+def _arguments(call: str, args: tuple, kwargs: dict) -> tuple[_Arrays, tuple, dict]:
+    arrays = _Arrays(call)
+    args = tuple([arrays.of(a, i) for i, a in enumerate(args)])
+    if kwargs:
+        kwargs = {k: arrays.of(v, k) for k, v in kwargs.items()}
     return arrays, args, kwargs
 
 
 def _blocking(name: str) -> Callable:
     fn = getattr(collectives, name)
+    where = f"ringmpi.torch.{name}"
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        arrays, args, kwargs = _arguments(name, args, kwargs)
+        if len(args) == 2 and args[0] is args[1] and isinstance(args[0], torch.Tensor):   # in place: a
+            a = as_array(args[0], where, 0)                              # training loop's call, kept short
+            out = fn(a, a, **kwargs)
+            return args[0] if out is a else as_tensor(out)    # (reduce_scatter's block r: a view; None)
+        arrays, args, kwargs = _arguments(where, args, kwargs)
         return arrays.back(fn(*args, **kwargs))
     call.__name__ = call.__qualname__ = name
     call.__doc__ = f"`ringmpi.{name}` on tensors (same arguments); returns a tensor.\n\n" + (fn.__doc__ or "")
@@ -163,6 +204,7 @@ class TensorRequest:
                 if not future.done():
                     future.set_exception(err)
         self.request = request(collectives.spec(name), comm, algorithm, given, on_done=done)
+        _at_backward_end().add(self.request)
 
     def wait(self) -> Any:
         """The result tensor (the call's error, if it failed)."""
@@ -177,13 +219,53 @@ class TensorRequest:
         return self.future
 
 
+class _BackwardEnd:
+    """The requests begun during one backward pass (DDP's buckets, from its hook or from the
+    ringmpi process group), waited for by an autograd callback at the pass's end, on the
+    thread that ran it. DDP then waits for their futures in C++, where ringmpi cannot see a
+    waiter: without this the progress thread would go on napping between its tests while
+    the last buckets' messages are the only work left (a caller's wait makes it test
+    without a pause). Outside a backward pass there is nothing to queue on."""
+    __slots__ = ("pending",)
+
+    def __init__(self) -> None:
+        self.pending: list = []
+
+    def add(self, req: Any) -> None:
+        if not self.pending:
+            try:
+                torch.autograd.Variable._execution_engine.queue_callback(self.drain)
+            except RuntimeError:        # ("can only be installed during backward pass")
+                return
+        self.pending.append(req)
+
+    def drain(self) -> None:
+        pending, self.pending = self.pending, []
+        for req in pending:
+            try:
+                req.wait()
+            except BaseException:    # noqa: BLE001 (the future holds the error: DDP raises it where it waits)
+                pass
+
+
+_LOCAL = threading.local()
+
+
+def _at_backward_end() -> _BackwardEnd:
+    end = getattr(_LOCAL, "end", None)
+    if end is None:
+        end = _LOCAL.end = _BackwardEnd()
+    return end
+
+
 def _nonblocking(name: str) -> Callable:
     blocking = getattr(collectives, name)
     parameters = collectives.Parameters(blocking)
+    where = f"ringmpi.torch.i{name}"
 
     def call(*args: Any, **kwargs: Any) -> TensorRequest:
-        arrays, args, kwargs = _arguments("i" + name, args, kwargs)
-        given = parameters.bind(f"ringmpi.torch.i{name}", args, kwargs)
+        arrays, args, kwargs = _arguments(where, args, kwargs)
+        given = parameters.bind(where, args, kwargs)
         comm, algorithm = given.pop("comm"), given.pop("algorithm")
         return TensorRequest(name, comm, algorithm, given, arrays)
     call.__name__ = call.__qualname__ = f"i{name}"

@@ -148,6 +148,32 @@ def test_collectives_on_tensors(collective, algorithm, nonblocking, rng):
                         same_everywhere(result, what)
 
 
+def test_tensors_and_arrays_share_memory():
+    for dtype in (torch.float32, torch.int64, torch.bool, torch.complex128, torch.bfloat16):
+        t = torch.arange(6).to(dtype)
+        try:
+            a = rt.as_array(t)
+        except TypeError as err:
+            assert dtype is torch.bfloat16 and "ml_dtypes" in str(err)
+            continue
+        back = rt.as_tensor(a)
+        assert back.dtype == dtype and back.data_ptr() == t.data_ptr() and torch.equal(back, t), dtype
+    assert rt.as_array([1, 2]) == [1, 2] and rt.as_tensor(None) is None
+    # the array kept for a tensor's next call goes with the tensor (it holds its memory)
+    from ringmpi.torch import tensors
+    big = torch.ones(1000)
+    rt.allreduce(big, big)
+    key = id(big)
+    assert key in tensors._VIEWS
+    del big
+    assert key not in tensors._VIEWS
+    # a tensor whose memory or layout changed gets a new array
+    t = torch.zeros(4)
+    first = rt.as_array(t)
+    t.set_(torch.ones(6))
+    assert rt.as_array(t) is not first and rt.as_array(t).shape == (6,)
+
+
 def test_requests_in_flight_complete_in_any_order(rng):
     xs = [torch.from_numpy(rng.integers(-9, 9, n).astype(np.float64)) for n in (1, 1000, 70000, 3)]
     want = [reduced(gathered(x), "sum") for x in xs]
@@ -169,6 +195,8 @@ def test_tensor_errors_name_the_call_and_rank():
         rt.allreduce(torch.ones(4, 4).t())
     with pytest.raises(RingmpiUsageError, match=rf"rank {R}.*float16"):
         rt.allreduce(torch.ones(4, dtype=torch.float16))
+    with pytest.raises((TypeError, RingmpiUsageError), match="bfloat16"):   # (without ml_dtypes: the former)
+        rt.allreduce(torch.ones(4, dtype=torch.bfloat16))
     with pytest.raises(TypeError, match="ringmpi.torch.iallreduce: .*unexpected keyword"):
         rt.iallreduce(torch.ones(2), nonsense=1)
     # a tensor that requires grad is reduced through its data (no autograd graph)
