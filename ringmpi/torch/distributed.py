@@ -190,11 +190,8 @@ class ProcessGroupRingmpi(dist.ProcessGroup):
         opts = opts or dist.AllgatherOptions()
         t, outs = self._one(inputs, "all_gather"), self._one(outputs, "all_gather")
         flat = torch.empty(t.numel() * self.size(), dtype=t.dtype, device=t.device)
-
-        def copy_out(result: Any) -> None:
-            for o, piece in zip(outs, flat.view(self.size(), -1)):
-                o.copy_(piece.view_as(o))
-        return self._run("allgather", dict(sendbuf=t.reshape(-1), recvbuf=flat), outputs, opts, copy_out)
+        return self._run("allgather", dict(sendbuf=t.reshape(-1), recvbuf=flat), outputs, opts,
+                         self._copy_out(flat, outs))
 
     def reduce_scatter_single(self, output: Any, input: Any, opts: Any = None) -> _Work:
         opts = opts or dist.ReduceScatterOptions()
@@ -229,11 +226,14 @@ class ProcessGroupRingmpi(dist.ProcessGroup):
         opts = opts or dist.AllToAllOptions()
         send = torch.cat([t.reshape(-1) for t in inputs])
         flat = torch.empty_like(send)
+        return self._run("alltoall", dict(sendbuf=send, recvbuf=flat), outputs, opts, self._copy_out(flat, outputs))
 
-        def copy_out(result: Any) -> None:
+    def _copy_out(self, flat: Any, outputs: list) -> Any:
+        """What copies block q of `flat` into outputs[q] once the call is complete."""
+        def copy(result: Any) -> None:
             for o, piece in zip(outputs, flat.view(self.size(), -1)):
                 o.copy_(piece.view_as(o))
-        return self._run("alltoall", dict(sendbuf=send, recvbuf=flat), outputs, opts, copy_out)
+        return copy
 
     def barrier(self, opts: Any = None) -> _Work:
         group(self.comm).barrier()

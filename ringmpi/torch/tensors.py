@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import collectives
 from ..api import group, request
+from ..dp.arrays import device_module
 
 __all__ = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall",
            "iallreduce", "ireduce_scatter", "iallgather", "ibroadcast", "ireduce", "ialltoall",
@@ -65,9 +66,9 @@ def _view(t: Any, call: str, what: Any) -> Any:
     kind = t.device.type
     if kind == "cuda":
         try:
-            import cupy
+            cupy = device_module("cuda")
         except ImportError as err:
-            raise TypeError(f"{call}: {what} is a CUDA tensor; ringmpi's device path needs cupy ({err})") from None
+            raise TypeError(f"{call}: {what} is a CUDA tensor: {err}") from None
         if t.dtype is torch.bfloat16:
             return cupy.asarray(t.view(torch.int16)).view(_bfloat16(call))
         return cupy.asarray(t)

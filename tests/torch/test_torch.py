@@ -207,6 +207,19 @@ def test_tensor_errors_name_the_call_and_rank():
     check_close(rt.allreduce(torch.arange(5.0)), torch.arange(5.0) * P, "after an error")
 
 
+def on_both(call, n: int, dtype, what: str) -> torch.Tensor:
+    """`call(out, group)` into a fresh tensor on gloo's group and on ringmpi's: the same
+    result (gloo's returned)."""
+    gloo, ring = torch.empty(n, dtype=dtype), torch.empty(n, dtype=dtype)
+    call(gloo, dist.group.WORLD)
+    call(ring, _RING[0])
+    check_close(ring, gloo, what)
+    return gloo
+
+
+_RING: list = [None]     # the ringmpi group of test_backend_against_gloo
+
+
 @contextlib.contextmanager
 def process_group(backend: str):
     init_process_group(backend)
@@ -220,7 +233,7 @@ def test_backend_against_gloo(rng):
     """The same torch.distributed calls on a ringmpi group and on gloo, same inputs, same outputs."""
     register()
     with process_group("gloo"):
-        ring = dist.new_group(backend="ringmpi")
+        ring = _RING[0] = dist.new_group(backend="ringmpi")
         assert dist.get_backend(ring) == "ringmpi"
         gloo = dist.group.WORLD
         for dtype in (torch.float32, torch.int64):
@@ -246,28 +259,20 @@ def test_backend_against_gloo(rng):
                 dist.all_gather(b, x, group=ring)
                 for u, v in zip(a, b):
                     check_close(v, u, "all_gather")
-                a, b = torch.empty(n * P, dtype=dtype), torch.empty(n * P, dtype=dtype)
-                dist.all_gather_into_tensor(a, x, group=gloo)
-                dist.all_gather_into_tensor(b, x, group=ring)
-                check_close(b, a, "all_gather_into_tensor")
                 big = data(dtype, n * P, "sum", np.random.default_rng([n, R]))
-                a, b = torch.empty(n, dtype=dtype), torch.empty(n, dtype=dtype)
-                dist.reduce_scatter_tensor(a, big, group=gloo)
-                dist.reduce_scatter_tensor(b, big, group=ring)
-                check_close(b, a, "reduce_scatter_tensor")
-                a, b = torch.empty(n, dtype=dtype), torch.empty(n, dtype=dtype)
-                dist.reduce_scatter(a, list(big.chunk(P)), group=ring)
-                dist.reduce_scatter_tensor(b, big, group=ring)
-                check_close(a, b, "reduce_scatter (list)")
+                a = on_both(lambda out, g: dist.all_gather_into_tensor(out, x, group=g), n * P, dtype,
+                            "all_gather_into_tensor")
+                rs = on_both(lambda out, g: dist.reduce_scatter_tensor(out, big, group=g), n, dtype,
+                             "reduce_scatter_tensor")
+                b = torch.empty(n, dtype=dtype)
+                dist.reduce_scatter(b, list(big.chunk(P)), group=ring)
+                check_close(b, rs, "reduce_scatter (list)")
                 a, b = x.clone(), x.clone()
                 dist.reduce(a, ROOT, group=gloo)
                 dist.reduce(b, ROOT, group=ring)
                 if R == ROOT:
                     check_close(b, a, "reduce")
-                a, b = torch.empty(n * P, dtype=dtype), torch.empty(n * P, dtype=dtype)
-                dist.all_to_all_single(a, big, group=gloo)
-                dist.all_to_all_single(b, big, group=ring)
-                check_close(b, a, "all_to_all_single")
+                a = on_both(lambda out, g: dist.all_to_all_single(out, big, group=g), n * P, dtype, "all_to_all_single")
                 outs = [torch.empty(n, dtype=dtype) for _ in range(P)]
                 dist.all_to_all(outs, list(big.chunk(P)), group=ring)
                 check_close(torch.cat(outs), a, "all_to_all (list)")
