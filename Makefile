@@ -99,13 +99,18 @@ test-cluster: setup
 	done
 
 # ringmpi.torch (tests/torch) in the venv with torch: tensors, the "ringmpi" torch.distributed
-# backend and DDP's hook against gloo, HW5; one launch per world size, like test-mpi.
+# backend and DDP's hook against gloo, HW5; one launch per world size, like test-mpi; then the
+# requests, the backend and DDP with MPI below THREAD_MULTIPLE (no progress thread: a future
+# DDP waits for in C++ must still complete)
 test-torch: setup-torch
 	@set -e; for n in $(RANKS); do \
 	  echo "== tests/torch on $$n rank(s)"; \
 	  $(TV)/python -m ringmpi.launch -n $$n --timeout $(DEADLINE) -- $(TV)/python -m mpi4py -m pytest -q --color=no \
 	    -W ignore::FutureWarning tests/torch; \
-	done
+	done; \
+	echo "== tests/torch on 2 ranks, MPI_THREAD_SERIALIZED"; \
+	MPI4PY_RC_THREAD_LEVEL=serialized $(TV)/python -m ringmpi.launch -n 2 --timeout $(DEADLINE) -- $(TV)/python -m mpi4py \
+	  -m pytest -q --color=no -W ignore::FutureWarning -k "ddp or requests or backend" tests/torch
 
 test-unit: setup
 	$(V)/python -m pytest -q tests/unit

@@ -216,7 +216,7 @@ def main() -> None:
         collectives(ns, comm, ring_pg, order)
     if ns.ddp:
         ddp_steps(ns, comm, ring_pg, order)
-    dist.destroy_process_group()
+    rt.destroy_process_group()
 
 
 if __name__ == "__main__":

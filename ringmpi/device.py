@@ -315,7 +315,8 @@ class DeviceGroup(CountedMemory, PrivateMemory, ReceiveThenReduce):
         self._slots: list[np.ndarray] = []
         self.staged_bytes = 0
         self.memory = backend.name + ":"    # auto tunes device calls apart from host ones
-        self.tuners = LRU(256)              # online tuning of auto on this memory (ringmpi.auto)
+        self.tuners = LRU(1024, refresh=False)              # online tuning of auto on this memory (ringmpi.auto)
+        # (dropped in the order made: the same on every rank, whatever the fast path served)
         self.choices = LRU(256)
 
     on_device = True    # the shared-memory and hierarchical algorithms say they cannot run here

@@ -268,7 +268,8 @@ class MPITransport(_Wire):
         self.freed = False
         self.wire = False                 # (see below: set once the channels exist)
         self._posted: list = []           # the stall inspector's sends not yet known complete
-        self.tuners = LRU(256)            # online tuning per (collective, dtype, op, size bucket)
+        self.tuners = LRU(1024, refresh=False)            # online tuning per (collective, dtype, op, size bucket)
+        # (dropped in the order made: the same on every rank, whatever the fast path served)
         # the duplicates are collective over the communicator: a rank that never comes is
         # named by the stall inspector like any other waiting call
         self.busy: str | None = "communicator set-up (MPI_Comm_dup)"  # the call in flight, for the stall watch

@@ -240,15 +240,19 @@ def split_nodes(t: Any, nodes: Sequence[int]) -> tuple[SubGroup, SubGroup | None
 
 
 class LRU(OrderedDict):
-    """A dict that keeps its `maxsize` most recently used entries (per-communicator caches)."""
+    """A dict that keeps its `maxsize` most recently used entries (per-communicator caches),
+    or with `refresh=False` its `maxsize` most recently made ones: where what is dropped must
+    be the same on every rank (a tuner's state), and the lookups a rank makes depend on
+    which of its calls the fast path served (it never looks up), which can differ."""
 
-    def __init__(self, maxsize: int = 256) -> None:
+    def __init__(self, maxsize: int = 256, refresh: bool = True) -> None:
         super().__init__()
-        self.maxsize = maxsize
+        self.maxsize, self.refresh = maxsize, refresh
 
     def get(self, key: Any, default: Any = None) -> Any:
         if key in self:
-            self.move_to_end(key)
+            if self.refresh:
+                self.move_to_end(key)
             return self[key]
         return default
 

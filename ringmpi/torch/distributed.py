@@ -23,6 +23,7 @@ the gradient buckets with ringmpi.
 """
 from __future__ import annotations
 
+import gc
 import os
 import socket
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ import torch.distributed as dist
 from ..api import group
 from .tensors import TensorRequest, _Arrays, overlaps
 
-__all__ = ["init_process_group", "register", "ProcessGroupRingmpi", "HookState", "allreduce_hook"]
+__all__ = ["init_process_group", "destroy_process_group", "register", "ProcessGroupRingmpi", "HookState", "allreduce_hook"]
 
 ReduceOp = dist.ReduceOp
 #: torch's reduction ops as ringmpi names them (PREMUL_SUM has no ringmpi counterpart)
@@ -72,6 +73,19 @@ def init_process_group(backend: str = "ringmpi", *, comm: Any = None, algorithm:
     host, port = _rendezvous(t)
     store = dist.TCPStore(host, port, t.size, is_master=t.rank == 0, timeout=timeout)
     dist.init_process_group(backend, store=store, rank=t.rank, world_size=t.size, timeout=timeout, **kwargs)
+
+
+def destroy_process_group(group_: Any = None) -> None:
+    """`dist.destroy_process_group`, then its objects freed on every rank before any rank
+    goes on. A process group's C++ objects go when Python frees them, which for a DDP
+    module (reference cycles) is whenever the garbage collector runs; gloo's teardown then
+    waits for its peers, and a peer already waiting in an MPI call for this rank never
+    comes: a hang, seen with two trainings in a row. Collected here, at the same point on
+    every rank, and an MPI barrier after."""
+    gc.collect()
+    dist.destroy_process_group(group_)
+    gc.collect()
+    group(_WORLD[0]).barrier()
 
 
 def register(algorithm: str = "auto") -> None:

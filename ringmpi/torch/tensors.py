@@ -188,7 +188,10 @@ class TensorRequest:
                  then: Callable[[Any], Any] | None = None, overlap: bool = True) -> None:
         self.future = future = torch.futures.Future()
         self.request = None
-        if not overlap:
+        # only ringmpi's progress thread completes a future nobody waits for in Python (DDP waits
+        # in C++): where it cannot run beside the caller (one rank; MPI below THREAD_MULTIPLE),
+        # the call runs blocking here
+        if not overlap or not group(comm).wire:
             out = arrays.back(getattr(collectives, name)(**given, comm=comm, algorithm=algorithm))
             future.set_result(then(out) if then is not None else out)
             return

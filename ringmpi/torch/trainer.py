@@ -90,9 +90,7 @@ def _single(task: Any, model: torch.nn.Module, ns: Any) -> None:
 def _gloo_ddp(task: Any, model: torch.nn.Module, ns: Any, t: Any) -> None:
     """torch's own DistributedDataParallel on gloo (rendezvous from the MPI job), the same
     shards and weighting: an independent reference for ringmpi's HW5 averaging."""
-    import torch.distributed as dist
-
-    from .distributed import init_process_group
+    from .distributed import destroy_process_group, init_process_group
     init_process_group("gloo")
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = _optimizer(ns.optimizer, ddp, ns.lr, ns.momentum)
@@ -102,7 +100,8 @@ def _gloo_ddp(task: Any, model: torch.nn.Module, ns: Any, t: Any) -> None:
         opt.zero_grad(set_to_none=True)
         (torch.nn.functional.cross_entropy(ddp(x), y, reduction="sum") * scale).backward()
         opt.step()
-    dist.destroy_process_group()
+    del ddp, opt
+    destroy_process_group()
 
 
 def run(ns: Any, t: Any, show: Any) -> int:
