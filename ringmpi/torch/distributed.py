@@ -47,8 +47,10 @@ _WORLD: list = [None]
 
 
 def _rendezvous(t: Any) -> tuple[str, int]:
-    """Rank 0's address and a port free there (MASTER_ADDR/MASTER_PORT where set), on every rank."""
-    where = None
+    """Rank 0's address and a port free there (MASTER_ADDR/MASTER_PORT where set), on every
+    rank; a ValueError on every rank where rank 0's host name means a loopback address and
+    the job spans several hosts (the others could not reach it: they would wait)."""
+    where: Any = None
     if t.rank == 0:
         host = os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
         port = os.environ.get("MASTER_PORT")
@@ -57,7 +59,14 @@ def _rendezvous(t: Any) -> tuple[str, int]:
                 s.bind(("", 0))
                 port = s.getsockname()[1]
         where = (host, int(port))
-    return t.bcast_obj(where, 0)
+        if host.startswith("127.") and len(set(t.nodes)) > 1:
+            where = (f"ringmpi.torch.init_process_group: rank 0's host name {socket.gethostname()!r} is "
+                     f"{host}, a loopback address, and the job spans {len(set(t.nodes))} hosts; set MASTER_ADDR "
+                     "to an address of rank 0's host that the others reach",)
+    where = t.bcast_obj(where, 0)
+    if len(where) == 1:
+        raise ValueError(f"{where[0]} (rank {t.rank})")
+    return where
 
 
 def init_process_group(backend: str = "ringmpi", *, comm: Any = None, algorithm: str = "auto",

@@ -43,7 +43,7 @@ def as_array(t: Any, call: str = "ringmpi.torch", what: Any = "buffer") -> Any:
     except TypeError:                 # (a tensor subclass without weak references)
         return a
     if len(_VIEWS) >= 64:             # (the oldest goes: a training loop reuses a few tensors)
-        del _VIEWS[next(iter(_VIEWS))]
+        _VIEWS.pop(next(iter(_VIEWS)), None)
     _VIEWS[id(t)] = (ref, t.data_ptr(), t.shape, t.stride(), a)
     return a
 
@@ -55,7 +55,7 @@ _VIEWS: dict[int, tuple] = {}
 def _forget(key: int, ref: Any) -> None:
     known = _VIEWS.get(key)
     if known is not None and known[0] is ref:
-        del _VIEWS[key]
+        _VIEWS.pop(key, None)      # (a garbage collection on another thread may call this meanwhile)
 
 
 def _view(t: Any, call: str, what: Any) -> Any:
