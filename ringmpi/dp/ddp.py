@@ -11,8 +11,9 @@ import numpy as np
 from .. import collectives as api
 from ..api import group
 from .arrays import module_of, to_host
+from .checkpoint import Snapshot, newest, write
 
-__all__ = ["partition_indices", "DataParallel", "save_checkpoint", "load_checkpoint"]
+__all__ = ["partition_indices", "DataParallel", "state_arrays", "restore", "save_checkpoint", "load_checkpoint"]
 
 
 def partition_indices(size: int, world_size: int, rank: int, seed: int) -> list[int]:
@@ -150,21 +151,38 @@ class DataParallel:
         return self.global_loss
 
 
-def save_checkpoint(path: str | Path, ddp: DataParallel, optimizer, step: int) -> None:
-    """Rank 0 writes parameters, optimizer state and the step (the data order derives from it)."""
+def state_arrays(ddp: DataParallel, optimizer) -> dict[str, Any]:
+    """Parameters as "param:NAME", optimizer state as "opt:NAME": what a checkpoint holds
+    besides the step (the data order is a function of the seed and the step: see
+    `ringmpi.dp.train.global_batch`, so the step is the data order's position)."""
+    arrays = {f"param:{k}": v for k, v in ddp.params.items()}
+    arrays.update({f"opt:{k}": v for k, v in optimizer.state.items()})
+    return arrays
+
+
+def restore(ddp: DataParallel, optimizer, snap: Snapshot) -> int:
+    """Load `snap` into the replica and its optimizer; returns the step to resume at."""
+    xp = ddp.xp
+    for k in ddp.params:
+        ddp.params[k][...] = xp.asarray(snap.arrays[f"param:{k}"])
+    optimizer.load_state({k[4:]: v if k == "opt:t" else xp.asarray(v) for k, v in snap.arrays.items()
+                          if k.startswith("opt:")})
+    return snap.step
+
+
+def save_checkpoint(directory: str | Path, ddp: DataParallel, optimizer, step: int, meta: dict | None = None) -> None:
+    """Rank 0 writes parameters, optimizer state and the step into `directory`, atomically
+    (`ringmpi.dp.checkpoint`); the others wait for it."""
     if ddp.t.rank == 0:
-        arrays = {f"param:{k}": to_host(v) for k, v in ddp.params.items()}
-        arrays.update({f"opt:{k}": to_host(v) for k, v in optimizer.state.items()})
-        np.savez(path, step=np.array(step), **arrays)
+        write(directory, Snapshot(step, {k: to_host(v) for k, v in state_arrays(ddp, optimizer).items()},
+                                  meta or {}))
     ddp.t.barrier()
 
 
-def load_checkpoint(path: str | Path, ddp: DataParallel, optimizer) -> int:
-    """Every rank loads rank 0's file (shared file system); returns the step to resume at."""
-    with np.load(path) as z:
-        xp = ddp.xp
-        for k in ddp.params:
-            ddp.params[k][...] = xp.asarray(z[f"param:{k}"])
-        optimizer.load_state({k[4:]: z[k] if k == "opt:t" else xp.asarray(z[k]) for k in z.files
-                              if k.startswith("opt:")})
-        return int(z["step"])
+def load_checkpoint(directory: str | Path, ddp: DataParallel, optimizer) -> int | None:
+    """The newest checkpoint in `directory` that verifies, read by rank 0 and sent to every
+    rank (no shared file system needed, and every replica gets the same bits); returns the
+    step to resume at, or None where there is none."""
+    found = newest(directory) if ddp.t.rank == 0 else None
+    data = ddp.t.bcast_obj(found[1] if found else None, 0)
+    return None if data is None else restore(ddp, optimizer, Snapshot.decode(data))

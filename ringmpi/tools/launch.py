@@ -14,17 +14,27 @@
 - the environment of an enclosing MPI job (PMI_*, PMIX_*, OMPI_COMM_*, HYDRA_*) is dropped,
   so a job started from inside another one does not join it;
 - --hosts node1:8,node2:8 in the launcher's own spelling (Open MPI --host, MPICH -hosts);
-- --timeout S kills the whole job after S seconds and exits 124 (default: no deadline).
+- --timeout S kills the whole job after S seconds and exits 124 (default: no deadline);
+- --restarts K relaunches the whole job after a failure, up to K times (torchrun's
+  --max-restarts): each rank runs under `ringmpi.tools.supervise`, which writes how it
+  ended, so every failure is reported on one line naming the rank and its exit status or
+  signal, and each restart on another; the ranks see RINGMPI_RESTART=k (0 the first time).
+  A program that resumes from its newest checkpoint (`ringmpi train --checkpoint DIR`)
+  loses at most the steps since it.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["mpirun_command", "find_mpirun", "is_open_mpi", "job_environment", "launcher_beside", "main"]
@@ -91,10 +101,12 @@ def is_open_mpi(cmd: list[str]) -> bool:
     return "Open MPI" in out or "OpenRTE" in out or "prterun" in out or "PRRTE" in out
 
 
-def mpirun_command(n: int, argv: list[str], extra: list[str] | None = None, hosts: str = "") -> list[str]:
+def mpirun_command(n: int, argv: list[str], extra: list[str] | None = None, hosts: str = "",
+                   wrap: list[str] | None = None) -> list[str]:
     """The launcher's command line. `hosts` ("node1:8,node2:8"), in each launcher's own
     spelling: Open MPI's --host, MPICH's (hydra) -hosts; their hostfile formats differ
-    ("node1 slots=8" against "node1:8"), this list does not."""
+    ("node1 slots=8" against "node1:8"), this list does not. `wrap` goes before the program
+    (the supervisor of --restarts); the launcher is still the one beside the program."""
     cmd = find_mpirun(argv)
     flags = ["-n", str(n)]
     ompi = is_open_mpi(cmd)
@@ -104,7 +116,7 @@ def mpirun_command(n: int, argv: list[str], extra: list[str] | None = None, host
             flags += ["--mca", "mpi_yield_when_idle", "1"]
     if hosts:
         flags += ["--host" if ompi else "-hosts", hosts]
-    return cmd + flags + list(extra or []) + argv
+    return cmd + flags + list(extra or []) + list(wrap or []) + argv
 
 
 def job_environment(n: int) -> dict:
@@ -121,27 +133,63 @@ def job_environment(n: int) -> dict:
     return env
 
 
-def main(args: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ringmpi.launch", description=__doc__.split("\n\n")[0],
-                                 epilog="example: python -m ringmpi.launch -n 4 -- .venv/bin/python -m ringmpi bench",
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("-n", "--np", type=int, default=4, help="number of ranks")
-    ap.add_argument("--timeout", type=float, default=0, help="seconds before the whole job is killed (0: never)")
-    ap.add_argument("--hosts", default="", help="hosts and their slots, 'node1:8,node2:8' (any MPI's launcher)")
-    ap.add_argument("--mpi-args", default="", help="extra launcher flags, e.g. '--hostfile hosts'")
-    ap.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
-    ns = ap.parse_args(args)
-    argv = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
-    if not argv:
-        ap.error("no command given (put it after --)")
-    if ns.np < 1:
-        ap.error(f"-n must be at least 1, got {ns.np}")
-    cmd = mpirun_command(ns.np, argv, shlex.split(ns.mpi_args), ns.hosts)
-    proc = subprocess.Popen(cmd, env=job_environment(ns.np), start_new_session=True)
+@dataclass
+class Ending:
+    """How one rank of a finished attempt ended, as its supervisor wrote it."""
+    rank: int
+    pid: int
+    host: str
+    start: float
+    end: float | None = None
+    returncode: int | None = None
+
+    def how(self) -> str:
+        if self.returncode is None:
+            return "left no exit record (its supervisor was killed too)"
+        if self.returncode < 0:
+            try:
+                name = signal.Signals(-self.returncode).name
+            except ValueError:
+                name = "?"
+            return f"was killed by signal {-self.returncode} ({name})"
+        return f"exited with status {self.returncode}"
+
+
+def endings(status_dir: Path) -> list[Ending]:
+    out = []
+    for p in sorted(status_dir.glob("rank-*.json")):
+        try:
+            out.append(Ending(**{k: v for k, v in json.loads(p.read_text()).items()
+                                 if k in Ending.__dataclass_fields__}))
+        except (OSError, ValueError, TypeError):
+            continue
+    return sorted(out, key=lambda e: e.rank if e.rank is not None else -1)
+
+
+def failure_line(attempt: int, attempts: int, rc: int, found: list[Ending], n: int) -> str:
+    """One line: which rank failed first and how, and what the others did."""
+    head = f"ringmpi.launch: attempt {attempt + 1} of {attempts} failed (launcher exit status {rc})"
+    bad = [e for e in found if e.returncode != 0]
+    if not bad:
+        return head + (": every rank exited 0" if len(found) == n else f": {n - len(found)} ranks never started")
+    first = min(bad, key=lambda e: (e.end is None, e.end or 0.0))
+    rest = sorted(e.rank for e in found if e is not first)
+    line = (f"{head}: rank {first.rank} (pid {first.pid} on {first.host}) {first.how()} "
+            f"{(first.end or time.time()) - first.start:.1f} s after it started")
+    if rest:
+        line += f"; ranks {', '.join(map(str, rest))} ended after it"
+    if len(found) < n:
+        line += f"; {n - len(found)} ranks never started"
+    return line
+
+
+def _run(cmd: list[str], env: dict, deadline: float | None, timeout: float = 0) -> int:
+    """Run the launcher until it ends or the deadline passes (then kill it: 124)."""
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     try:
-        return proc.wait(timeout=ns.timeout or None)
+        return proc.wait(timeout=None if deadline is None else max(deadline - time.monotonic(), 0.01))
     except subprocess.TimeoutExpired:
-        print(f"ringmpi.launch: job exceeded {ns.timeout:.0f} s, killing it: {shlex.join(cmd)}",
+        print(f"ringmpi.launch: job exceeded {timeout:.0f} s, killing it: {shlex.join(cmd)}",
               file=sys.stderr, flush=True)
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -152,6 +200,59 @@ def main(args: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         os.killpg(proc.pid, signal.SIGTERM)
         return 130
+
+
+def _supervised(ns, argv: list[str], deadline: float | None) -> int:
+    """--restarts: every attempt's ranks under the supervisor; a line per failure and restart."""
+    attempts = ns.restarts + 1
+    wrap = [sys.executable, str(Path(__file__).with_name("supervise.py"))]
+    rc = 1
+    for attempt in range(attempts):
+        status = Path(tempfile.mkdtemp(prefix="ringmpi-launch-"))
+        try:
+            cmd = mpirun_command(ns.np, argv, shlex.split(ns.mpi_args), ns.hosts, wrap + [str(status), "--"])
+            env = job_environment(ns.np)
+            env["RINGMPI_RESTART"] = str(attempt)
+            began = time.monotonic()
+            rc = _run(cmd, env, deadline, ns.timeout)
+            if rc == 0:
+                return 0
+            print(failure_line(attempt, attempts, rc, endings(status), ns.np), file=sys.stderr, flush=True)
+        finally:
+            shutil.rmtree(status, ignore_errors=True)
+        if rc in (124, 130):
+            return rc
+        if attempt + 1 < attempts:
+            print(f"ringmpi.launch: restart {attempt + 1} of {ns.restarts}: relaunching all {ns.np} ranks "
+                  f"(the failed attempt ran {time.monotonic() - began:.1f} s)", file=sys.stderr, flush=True)
+    if ns.restarts:
+        print(f"ringmpi.launch: giving up after {ns.restarts} restarts", file=sys.stderr, flush=True)
+    return rc
+
+
+def main(args: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ringmpi.launch", description=__doc__.split("\n\n")[0],
+                                 epilog="example: python -m ringmpi.launch -n 4 -- .venv/bin/python -m ringmpi bench",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("-n", "--np", type=int, default=4, help="number of ranks")
+    ap.add_argument("--timeout", type=float, default=0,
+                    help="seconds before the whole job is killed, restarts included (0: never)")
+    ap.add_argument("--restarts", type=int, default=-1, metavar="K",
+                    help="relaunch the job after a failure up to K times, naming the failed rank each time "
+                         "(0: name it, no restart; default: run it once, unsupervised)")
+    ap.add_argument("--hosts", default="", help="hosts and their slots, 'node1:8,node2:8' (any MPI's launcher)")
+    ap.add_argument("--mpi-args", default="", help="extra launcher flags, e.g. '--hostfile hosts'")
+    ap.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
+    ns = ap.parse_args(args)
+    argv = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
+    if not argv:
+        ap.error("no command given (put it after --)")
+    if ns.np < 1:
+        ap.error(f"-n must be at least 1, got {ns.np}")
+    deadline = time.monotonic() + ns.timeout if ns.timeout else None
+    if ns.restarts >= 0:
+        return _supervised(ns, argv, deadline)
+    return _run(mpirun_command(ns.np, argv, shlex.split(ns.mpi_args), ns.hosts), job_environment(ns.np), deadline, ns.timeout)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ speedup), and the asynchronous-SGD staleness table (no MPI).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Any, Callable
@@ -16,7 +17,9 @@ from ..auto import profile_of
 from ..dp.arrays import DEVICES
 from ..dp.ps import async_sgd_study
 from ..errors import RingmpiUsageError
-from ..dp.train import make_task, max_diff, params_digest, train_dp, train_single
+from ..dp.checkpoint import Snapshot, Writer, newest
+from ..dp.ddp import DataParallel, restore, state_arrays
+from ..dp.train import make_optimizer, make_task, max_diff, params_digest, train_dp, train_single
 from ..model import dp_step
 from . import args
 
@@ -38,14 +41,14 @@ def _staleness() -> int:
 class _Progress:
     """A line per step on rank 0 (and a progress bar where stderr is a terminal)."""
 
-    def __init__(self, ns, t) -> None:
+    def __init__(self, ns, t, start: int = 0) -> None:
         self.lead = t.rank == 0 and not ns.quiet
         self.bar = None
         if self.lead and sys.stderr.isatty():
             from rich.progress import Progress
             self.bar = Progress(transient=True)
             self.bar.start()
-            self.bar.add_task("training", total=ns.steps)
+            self.bar.add_task("training", total=ns.steps, completed=start)
 
     def __call__(self, s: int, loss: float) -> None:
         if self.lead:
@@ -58,17 +61,91 @@ class _Progress:
             self.bar.stop()
 
 
+#: the options a checkpoint must agree with to be resumed (the algorithm may change: it
+#: changes the summation order, so the bits, not the training)
+CONFIG = ("model", "sizes", "samples", "batch", "dtype", "device", "optimizer", "lr", "momentum", "seed")
+
+
+class _Checkpoints:
+    """--checkpoint DIR --checkpoint-every N: resume from the newest complete checkpoint
+    (rank 0 reads it and sends it to every rank), and write one every N steps and at the
+    end (rank 0, on a thread: the step pays for a copy of the state)."""
+
+    def __init__(self, ns, t, ddp, opt, samples: int) -> None:
+        self.ns, self.t, self.ddp, self.opt, self.samples = ns, t, ddp, opt, samples
+        self.config = {k: getattr(ns, k) for k in CONFIG}
+        self.writer = Writer(ns.checkpoint, keep=ns.checkpoint_keep) if t.rank == 0 else None
+        self.copy_seconds = 0.0
+
+    def resume(self) -> int:
+        found = newest(self.ns.checkpoint) if self.t.rank == 0 else None
+        data = self.t.bcast_obj(found[1] if found else None, 0)
+        if data is None:
+            return 0
+        snap = Snapshot.decode(data)
+        differ = [k for k in CONFIG if snap.meta.get("config", {}).get(k) != _jsonable(self.config[k])]
+        if differ:
+            k = differ[0]
+            raise RingmpiUsageError(
+                f"ringmpi train (rank {self.t.rank}): --checkpoint {self.ns.checkpoint} holds step {snap.step} of "
+                f"a run with --{k.replace('_', '-')} {snap.meta['config'].get(k)}, this run has "
+                f"{_jsonable(self.config[k])}: resume with the same options or use another directory")
+        step = restore(self.ddp, self.opt, snap)
+        if self.t.rank == 0 and not self.ns.quiet:
+            print(f"# resumed from {found[0]} at step {step} (attempt {os.environ.get('RINGMPI_RESTART', '0')})",
+                  flush=True)
+        return step
+
+    def after(self, s: int) -> None:
+        """After step `s` (0-based): write the state at step s + 1 if it is due."""
+        done = s + 1
+        if self.writer is not None and (done % self.ns.checkpoint_every == 0 or done == self.ns.steps):
+            a = time.perf_counter()
+            epoch, index = divmod(done, max(self.samples // self.ns.batch, 1))   # as global_batch
+            self.writer.save(done, state_arrays(self.ddp, self.opt),
+                             {"config": {k: _jsonable(v) for k, v in self.config.items()},
+                              "data": {"epoch": epoch, "batch_in_epoch": index}, "ranks": self.t.size})
+            self.copy_seconds += time.perf_counter() - a
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.wait()
+            if self.writer.written and not self.ns.quiet:
+                print(f"# checkpoints: {len(self.writer.written)} written into {self.ns.checkpoint}, "
+                      f"{self.copy_seconds / len(self.writer.written) * 1e3:.2f} ms of each on the step "
+                      f"(the copy; the write overlaps the steps after it)", flush=True)
+
+
+def _jsonable(v):
+    return list(v) if isinstance(v, tuple) else v
+
+
 def _train(ns, t, task, kw):
-    """Train with a progress line per step on rank 0; returns (ddp, seconds)."""
-    show = _Progress(ns, t)
+    """Train with a progress line per step on rank 0 (from the newest checkpoint with
+    --checkpoint); returns (ddp, seconds, steps run)."""
+    ddp = DataParallel(task.make_model(), None, algorithm=ns.algorithm)
+    opt = make_optimizer(ns.optimizer, ns.lr, ns.momentum)
+    saver = _Checkpoints(ns, t, ddp, opt, task.size) if ns.checkpoint else None
+    start = saver.resume() if saver else 0
+    show = _Progress(ns, t, start)
+
+    def on_step(s: int, loss: float) -> None:
+        show(s, loss)
+        if saver:
+            saver.after(s)
+
     t.barrier()
     t0 = time.perf_counter()
     try:
-        ddp, _, _ = train_dp(task, ns.steps, ns.batch, algorithm=ns.algorithm, on_step=show, **kw)
+        train_dp(task, ns.steps - start, ns.batch, algorithm=ns.algorithm, start=start, ddp=ddp, opt=opt,
+                 on_step=on_step, **kw)
     finally:
         show.stop()
     t.barrier()
-    return ddp, time.perf_counter() - t0
+    elapsed = time.perf_counter() - t0
+    if saver:
+        saver.close()
+    return ddp, elapsed, ns.steps - start
 
 
 def _compare(ns, t, task, kw, ddp) -> None:
@@ -118,21 +195,26 @@ def _run(ns) -> int:
     if t.rank == 0 and not ns.quiet:
         print(f"# ringmpi train: {ns.model}, {t.size} ranks, global batch {ns.batch}, {ns.steps} steps, "
               f"{dtype.name} on {ns.device}, all-reduce algorithm {ns.algorithm}")
-    ddp, elapsed = _train(ns, t, task, kw)
-    same = len(set(t.allgather_obj(params_digest(ddp.params)))) == 1
+    ddp, elapsed, ran = _train(ns, t, task, kw)
+    digests = t.allgather_obj(params_digest(ddp.params))
+    same = len(set(digests)) == 1
     if t.rank == 0:
         print(f"# replicas bitwise identical on all {t.size} ranks: {'yes' if same else 'NO'}")
-        print(f"# {elapsed / ns.steps * 1e3:.2f} ms per step, {ns.batch * ns.steps / elapsed:.1f} samples/s")
+        if ran:
+            print(f"# {elapsed / ran * 1e3:.2f} ms per step, {ns.batch * ran / elapsed:.1f} samples/s")
     if ns.compare:
         _compare(ns, t, task, kw, ddp)
-    if ns.speedup:
-        _speedup(ns, t, task, kw, ddp, elapsed)
+    if ns.speedup and ran:
+        _speedup(ns, t, task, kw, ddp, elapsed / ran * ns.steps)
+    if t.rank == 0:   # the last line: runs (an interrupted one and its resumption) compare by it
+        print(f"params sha256 {digests[0]}", flush=True)
     return 0 if same else 1
 
 
 def _run_torch(ns) -> int:
     """HW5 on torch (`ringmpi.torch.trainer`): an MLP on the host, SGD or Adam."""
-    for flag, value, default in (("--model", ns.model, "mlp"), ("--device", ns.device, "cpu")):
+    for flag, value, default in (("--model", ns.model, "mlp"), ("--device", ns.device, "cpu"),
+                                 ("--checkpoint", ns.checkpoint, "")):
         if value != default:
             raise RingmpiUsageError(f"--framework torch: {flag} {value} is not offered (only {default})")
     if ns.speedup:
@@ -189,4 +271,11 @@ def add_parser(sub, name: str = "train", text: str = "") -> None:
     a.add_argument("--speedup", action="store_true", help="measured speedup next to the model's prediction")
     a.add_argument("--staleness", action="store_true", help="the asynchronous SGD staleness table (no MPI)")
     a.add_argument("--quiet", action="store_true", help="no per-step lines")
+    a.add_argument("--checkpoint", metavar="DIR", default="",
+                   help="resume from the newest complete checkpoint in DIR and write checkpoints there "
+                        "(atomically, with a digest; rank 0 writes, on a thread)")
+    a.add_argument("--checkpoint-every", type=_positive(int), default=10, metavar="N",
+                   help="steps between checkpoints (and one at the end)")
+    a.add_argument("--checkpoint-keep", type=_positive(int), default=2, metavar="K",
+                   help="checkpoints kept in DIR (the newest K)")
     a.set_defaults(func=_run)

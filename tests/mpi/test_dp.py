@@ -152,8 +152,8 @@ def test_checkpoint_resume_is_bitwise(optimizer):
     task = make_task("mlp", np.float64, seed=1)
     kw = dict(algorithm="ring", optimizer=optimizer, lr=0.05, momentum=0.9, seed=1)
     ddp, opt, _ = train_dp(task, 10, 32, **kw)
-    d = COMM.bcast(tempfile.mkdtemp() if R == 0 else None, 0)
-    path = Path(d) / "ckpt.npz"
+    path = Path(COMM.bcast(tempfile.mkdtemp() if R == 0 else None, 0)) / "ckpt"
+    assert load_checkpoint(path, ddp, opt) is None   # nothing there yet
     save_checkpoint(path, ddp, opt, 10)
     train_dp(task, 10, 32, start=10, ddp=ddp, opt=opt, **kw)
     fresh = DataParallel(task.make_model(), COMM, algorithm="ring")
