@@ -16,23 +16,23 @@ from __future__ import annotations
 
 import sys as _sys
 
-from .errors import RingmpiError, RingmpiUsageError
+from .errors import RankFailure, RingmpiError, RingmpiUsageError
 from .settings import settings as _settings
 
 __version__ = "0.2.0"
 
 try:
     from . import collectives as _collectives
-    from .api import algorithms, last_choice
+    from .api import algorithms, fault_tolerant, last_choice, shrink
     from .collectives import *  # noqa: F401,F403  (the public collective calls, listed in collectives.__all__)
 except ImportError as _missing:  # e.g. numpy absent from a bare python3 that only starts jobs
     _MISSING = _missing         # (`python3 -m ringmpi.launch ...`): the launcher needs none of it
 
     def __getattr__(name: str):
         raise ImportError(f"ringmpi.{name} needs {_MISSING.name or 'a missing module'}: {_MISSING}") from _MISSING
-    __all__ = ["RingmpiUsageError", "RingmpiError", "__version__"]
+    __all__ = ["RingmpiUsageError", "RingmpiError", "RankFailure", "__version__"]
 else:
-    __all__ = ["algorithms", "last_choice", "RingmpiUsageError", "RingmpiError", "__version__"]
+    __all__ = ["algorithms", "last_choice", "shrink", "fault_tolerant", "RingmpiUsageError", "RingmpiError", "RankFailure", "__version__"]
     __all__ += _collectives.__all__
 
     def __getattr__(name: str):

@@ -31,7 +31,7 @@ from .settings import log, settings
 from . import requests
 from .requests import ACTIVE, progress
 
-__all__ = ["execute", "request", "Edge", "CACHE", "PLANS", "Memo", "forget_plans", "group", "algorithms", "last_choice", "label", "send_recv_plan", "call_plan", "mpi_reference",
+__all__ = ["execute", "request", "shrink", "fault_tolerant", "Edge", "CACHE", "PLANS", "Memo", "forget_plans", "group", "algorithms", "last_choice", "label", "send_recv_plan", "call_plan", "mpi_reference",
            "RingmpiUsageError",
            "RingmpiError"]
 
@@ -118,6 +118,20 @@ def last_choice(comm: Any = None) -> dict | None:
     """The last call on `comm`: its collective, the algorithm that ran and why (for `auto`,
     the predictions behind the choice; see RINGMPI_DEBUG=INFO)."""
     return group(comm).last_choice
+
+
+def shrink(comm: Any = None) -> Any:
+    """The survivors of `comm` (COMM_WORLD when None) as a new communicator, after a call
+    on it raised RankFailure: ULFM's MPI_Comm_shrink, collective over the survivors, ranks
+    renumbered in order. Needs an MPI with ULFM turned on at launch (Open MPI 5:
+    `python -m ringmpi.launch --fault-tolerant`); RingmpiUsageError otherwise."""
+    return _mpi().shrink(comm)
+
+
+def fault_tolerant() -> bool:
+    """Whether this job can outlive a rank (ULFM on): without it a rank's death ends the
+    job, and RankFailure never comes."""
+    return _mpi().fault_tolerant()
 
 
 def flat_view(buf: np.ndarray, canonical: np.dtype) -> np.ndarray:

@@ -1,7 +1,7 @@
 """The exceptions ringmpi raises (a leaf: every layer may import it)."""
 from __future__ import annotations
 
-__all__ = ["RingmpiUsageError", "RingmpiError"]
+__all__ = ["RingmpiUsageError", "RingmpiError", "RankFailure"]
 
 
 class RingmpiUsageError(ValueError):
@@ -14,3 +14,15 @@ class RingmpiUsageError(ValueError):
 class RingmpiError(RuntimeError):
     """A collective call that failed while running (on this rank or, with RINGMPI_CHECK, on
     another one): every rank that took part raises it."""
+
+
+class RankFailure(RingmpiError):
+    """A rank of the communicator died during the call (an MPI with ULFM fault tolerance:
+    Open MPI 5 under `mpirun --with-ft ulfm`). Every communicator of ringmpi's transport
+    has been revoked, so every surviving rank's call ends with this error too, whichever
+    rank it was waiting for; `ringmpi.shrink(comm)` then gives the survivors' communicator.
+    `failed`: the ranks of `comm` known to have failed (as far as this rank knows)."""
+
+    def __init__(self, message: str, failed: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.failed = list(failed or [])

@@ -33,13 +33,15 @@ order) by reducing order-preserving integer keys instead of the floats.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import functools
+import os
 import threading
 import time
 import traceback
 import zlib
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -47,12 +49,12 @@ from mpi4py import MPI
 from . import requests, stall
 from .backend import NUMPY, ArrayBackend, ScratchPool
 from .device import DeviceGroup, Support
-from .errors import RingmpiError
+from .errors import RankFailure, RingmpiError, RingmpiUsageError
 from .ops import CANONICAL, OPS, op_name
 from .settings import log, settings
 from .transport import IN_PLACE, LRU, CountedMemory, Counters, PrivateMemory, ReceiveThenReduce, split_nodes
 
-__all__ = ["MPI", "MPITransport", "RequestView", "transport", "world_position", "abort_on_exception", "selection_default", "library_version", "mpi_standard", "mpi4py_version", "INT_MAX", "cuda_support"]
+__all__ = ["MPI", "MPITransport", "shrink", "fault_tolerant", "RequestView", "transport", "world_position", "abort_on_exception", "selection_default", "library_version", "mpi_standard", "mpi4py_version", "INT_MAX", "cuda_support"]
 
 INT_MAX = 2**31 - 1
 _MPI_OPS = {name: getattr(MPI, "SUM" if name == "AVG" else name) for name in OPS}  # AVG: a SUM, then / p
@@ -324,6 +326,8 @@ class MPITransport(_Wire):
         naming this rank and the error). An MPI error comes back with ringmpi's prefix and
         what it most likely means; any other exception as it is."""
         label = label or self.busy or "a collective"
+        if _is_rank_failure(err):
+            return self.lost(err, label)
         if isinstance(err, MPI.Exception):
             why = _MPI_HINTS.get(err.Get_error_class(), "the ranks' calls may differ")
             text = (err.Get_error_string().strip().splitlines() or [""])[0]
@@ -334,25 +338,96 @@ class MPITransport(_Wire):
         stall.announce(self, ("fail", self.current if seq is None else seq, f"{type(err).__name__}: {err}"))
         return err
 
+    # -- a rank that died (MPI with ULFM fault tolerance) ------------------------------
+    def lost(self, err: BaseException, label: str | None = None) -> RankFailure:
+        """A rank of this communicator died (MPI_ERR_PROC_FAILED), or a survivor that saw it
+        revoked our communicators (MPI_ERR_REVOKED). Revoke them all, so that every
+        survivor's call ends too, whichever rank it waits for (ULFM's rule: a survivor that
+        knows tells the others by revoking); stop the stall inspector's notes (none can
+        reach a dead rank, and under ULFM no wait is endless); no failure note either: the
+        survivors are meant to go on, not to abort."""
+        self.wire = False
+        self._revoke()
+        failed = self.failed_ranks()
+        label = label or self.busy or "a collective"
+        name = _ERROR_CLASSES.get(err.Get_error_class(), "?") if isinstance(err, MPI.Exception) else type(err).__name__
+        who = (f"rank{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))}" if failed
+               else "a rank (another survivor revoked the communicator)")
+        return RankFailure(f"ringmpi.{label.split('/')[0]} (rank {self.rank} of {self.size}): {label}: {who} of this "
+                           f"communicator failed ({name}); its communicators are revoked: ringmpi.shrink(comm) "
+                           "gives the survivors' communicator", failed)
+
+    def _revoke(self) -> None:
+        comms = [self.comm, self.ctl]
+        if self._split is not None:
+            self._split[2]._revoke()
+            comms.append(self._split[3])
+        for c in comms:
+            try:
+                c.Revoke()
+            except (MPI.Exception, NotImplementedError):
+                pass
+
+    def failed_ranks(self) -> list[int]:
+        """The ranks this rank knows to have failed (MPI_Comm_get_failed), [] without ULFM."""
+        try:
+            g = self.comm.Get_failed()
+            try:
+                mine = self.comm.Get_group()
+                found = MPI.Group.Translate_ranks(g, list(range(g.Get_size())), mine)
+                mine.Free()
+            finally:
+                g.Free()
+        except (MPI.Exception, NotImplementedError, AttributeError):
+            return []
+        return sorted(r for r in found if r != MPI.UNDEFINED)
+
+    @contextlib.contextmanager
+    def _survive(self, label: str) -> Iterator[None]:
+        """A helper's own MPI call (barrier, object broadcast, ...) that meets a dead rank
+        raises RankFailure, as a collective does."""
+        try:
+            yield
+        except MPI.Exception as err:
+            if _is_rank_failure(err):
+                raise self.lost(err, label) from None
+            raise
+
     # -- the stall inspector's notes (`ringmpi.stall`), sent and read on its thread ------
     def post(self, dest: int, note: tuple) -> None:
         """Send `note` to rank `dest` without waiting (the watch tag of the control channel)."""
-        self._posted = [r for r in self._posted if not r.Test()]
-        self._posted.append(self.ctl.isend(note, dest, self._watch_tag))
+        try:
+            self._posted = [r for r in self._posted if not r.Test()]
+            self._posted.append(self.ctl.isend(note, dest, self._watch_tag))
+        except MPI.Exception as err:
+            self._note_failed(err)
 
     def notes(self) -> list[tuple[int, tuple]]:
         """Every note that has arrived, as (source rank, note); waits for none."""
         out, st = [], MPI.Status()
-        while (msg := self.ctl.improbe(MPI.ANY_SOURCE, self._watch_tag, st)) is not None:
-            out.append((st.Get_source(), msg.recv()))
+        try:
+            while (msg := self.ctl.improbe(MPI.ANY_SOURCE, self._watch_tag, st)) is not None:
+                out.append((st.Get_source(), msg.recv()))
+        except MPI.Exception as err:
+            self._note_failed(err)
         return out
+
+    def _note_failed(self, err: "MPI.Exception") -> None:
+        """A note met a dead rank: no more notes on this communicator (its calls will raise)."""
+        if not _is_rank_failure(err):
+            raise err
+        self.wire = False
+        self._posted = []
 
     def flush(self, seconds: float) -> None:
         """Give the notes sent so far up to `seconds` to leave (at MPI_Finalize)."""
         end = time.monotonic() + seconds
-        while self._posted and time.monotonic() < end:
-            self._posted = [r for r in self._posted if not r.Test()]
-            time.sleep(0.001)
+        try:
+            while self._posted and time.monotonic() < end:
+                self._posted = [r for r in self._posted if not r.Test()]
+                time.sleep(0.001)
+        except MPI.Exception as err:
+            self._note_failed(err)
 
     # -- data movement: blocking (beside requests in flight, tested in turn with them) ---
     def _sendrecv(self, sp: list, dest: int | None, rp: list, source: int | None) -> None:
@@ -440,7 +515,8 @@ class MPITransport(_Wire):
         self.user_comm.Abort(code)
 
     def barrier(self) -> None:
-        self.comm.Barrier()
+        with self._survive("barrier"):
+            self.comm.Barrier()
 
     def subgroup(self, ranks: list[int]) -> "MPI.Intracomm":
         """A new communicator of `ranks` (ranks of this one, in that order), collective over
@@ -455,10 +531,12 @@ class MPITransport(_Wire):
         return MPI.Wtime()
 
     def bcast_obj(self, obj: Any, root: int = 0) -> Any:
-        return self.ctl.bcast(obj, root)
+        with self._survive("bcast_obj"):
+            return self.ctl.bcast(obj, root)
 
     def allgather_obj(self, obj: Any) -> list:
-        return self.ctl.allgather(obj)
+        with self._survive("allgather_obj"):
+            return self.ctl.allgather(obj)
 
     def allreduce_max(self, values: list) -> list:
         """Element-wise MAX over ranks (auto's timings: every rank then decides alike)."""
@@ -466,7 +544,8 @@ class MPITransport(_Wire):
         busy = self.busy
         self.busy = f"{busy or 'auto'} (tuning exchange)"
         try:
-            self.ctl.Allreduce(MPI.IN_PLACE, arr, MPI.MAX)
+            with self._survive(self.busy):
+                self.ctl.Allreduce(MPI.IN_PLACE, arr, MPI.MAX)
         finally:
             self.busy = busy
         return arr.tolist()
@@ -824,6 +903,40 @@ atexit.register(lambda: requests.engine().at_exit() if requests.ACTIVE or reques
 _LAST: "tuple[Any, MPITransport] | None" = None   # (user communicator, its transport): the one-entry fast path
 _MAKING = threading.Lock()                    # guards _MAKERS
 _MAKERS: "dict[int, threading.Lock]" = {}     # communicator handle -> the lock of its transport's set-up
+
+
+_RANK_FAILURES = frozenset(getattr(MPI, n) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
+                           if isinstance(getattr(MPI, n, None), int))
+
+
+def _is_rank_failure(err: BaseException) -> bool:
+    return isinstance(err, MPI.Exception) and err.Get_error_class() in _RANK_FAILURES
+
+
+def shrink(comm: "MPI.Intracomm | None" = None) -> "MPI.Intracomm":
+    """The survivors of `comm` after a rank failure, as a new communicator (ULFM's
+    MPI_Comm_shrink; collective over the survivors, ranks renumbered in order). ringmpi's
+    communicators of `comm` are revoked first, so a survivor still inside a ringmpi call
+    on it comes out with RankFailure and joins. `comm` itself is not revoked: it is the
+    caller's (and may be COMM_WORLD)."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    t = comm.Get_attr(_KEYVAL) if isinstance(comm, MPI.Intracomm) else None
+    if t is not None:
+        t.wire = False
+        t._revoke()
+    try:
+        return MPI.Intracomm(comm.Shrink())
+    except (NotImplementedError, MPI.Exception) as err:
+        r, p = comm.Get_rank(), comm.Get_size()
+        raise RingmpiUsageError(f"ringmpi.shrink (rank {r} of {p}): needs an MPI with ULFM fault tolerance, enabled "
+                                f"at launch (Open MPI 5: python -m ringmpi.launch --fault-tolerant ...); this one "
+                                f"says: {err}") from None
+
+
+def fault_tolerant() -> bool:
+    """Whether this job runs with ULFM fault tolerance on (Open MPI's `--with-ft ulfm` sets
+    mpi_ft_enable; without it a rank's death ends the job, whatever the program does)."""
+    return os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes") and hasattr(MPI.Comm, "Shrink")
 
 
 def transport(comm: "MPI.Intracomm | None" = None) -> MPITransport:

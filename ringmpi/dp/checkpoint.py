@@ -3,7 +3,7 @@
 A checkpoint is one file, `step-00000010.ckpt` in the checkpoint directory:
 
     {"ringmpi_checkpoint": 1, "step": 10, "bytes": N, "sha256": HEX}\\n   one JSON line
-    N bytes: an uncompressed .npz of the arrays, "meta" among them (JSON as uint8)
+    N bytes: an uncompressed .npz of the arrays, "meta" (JSON as uint8) and "step" among them
 
 It is written to a temporary name in the same directory, flushed, fsync'ed, renamed over
 its final name and the directory fsync'ed (POSIX rename is atomic: a reader sees the old
@@ -56,9 +56,11 @@ class Snapshot:
     meta: dict = field(default_factory=dict)
 
     def encode(self) -> bytes:
+        if {"meta", "step"} & self.arrays.keys():
+            raise CheckpointError(f"a checkpoint's arrays may not be named 'meta' or 'step' (got {sorted(self.arrays)})")
         buf = io.BytesIO()
         meta = np.frombuffer(json.dumps(self.meta, sort_keys=True).encode(), np.uint8)
-        np.savez(buf, meta=meta, **self.arrays)
+        np.savez(buf, meta=meta, step=np.array(self.step, np.int64), **self.arrays)
         payload = buf.getvalue()
         head = {"ringmpi_checkpoint": FORMAT, "step": self.step, "bytes": len(payload),
                 "sha256": hashlib.sha256(payload).hexdigest()}
@@ -83,7 +85,10 @@ class Snapshot:
         with np.load(io.BytesIO(payload), allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
         meta = json.loads(arrays.pop("meta").tobytes())
-        return Snapshot(int(head["step"]), arrays, meta)
+        step = int(arrays.pop("step"))
+        if head.get("step") != step:    # the header is outside the digest: its step must agree
+            raise CheckpointError(f"{where}: the header says step {head.get('step')}, the payload {step}")
+        return Snapshot(step, arrays, meta)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -20,7 +20,10 @@
   ended, so every failure is reported on one line naming the rank and its exit status or
   signal, and each restart on another; the ranks see RINGMPI_RESTART=k (0 the first time).
   A program that resumes from its newest checkpoint (`ringmpi train --checkpoint DIR`)
-  loses at most the steps since it.
+  loses at most the steps since it;
+- --fault-tolerant turns Open MPI 5's ULFM on (ULFM_FLAGS): a rank's death is then an error
+  in the survivors' calls (ringmpi.RankFailure), not the end of the job, and
+  `ringmpi train --on-failure shrink` goes on with the survivors.
 """
 from __future__ import annotations
 
@@ -101,19 +104,34 @@ def is_open_mpi(cmd: list[str]) -> bool:
     return "Open MPI" in out or "OpenRTE" in out or "prterun" in out or "PRRTE" in out
 
 
+#: Open MPI 5's ULFM, as it works on one host and over TCP: `--with-ft ulfm` alone leaves the
+#: survivors of a killed rank waiting forever in their collective (over shared memory) or the
+#: job never ending (over TCP); MPI's own failure detector (a heartbeat around the ring of
+#: ranks) is what turns a dead peer into MPI_ERR_PROC_FAILED at every survivor within about
+#: a period, and lets the job end when its program does.
+ULFM_FLAGS = ("--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true",
+              "--mca", "mpi_ft_detector_period", "0.5", "--mca", "mpi_ft_detector_timeout", "2")
+
+
 def mpirun_command(n: int, argv: list[str], extra: list[str] | None = None, hosts: str = "",
-                   wrap: list[str] | None = None) -> list[str]:
+                   wrap: list[str] | None = None, fault_tolerant: bool = False) -> list[str]:
     """The launcher's command line. `hosts` ("node1:8,node2:8"), in each launcher's own
     spelling: Open MPI's --host, MPICH's (hydra) -hosts; their hostfile formats differ
     ("node1 slots=8" against "node1:8"), this list does not. `wrap` goes before the program
-    (the supervisor of --restarts); the launcher is still the one beside the program."""
+    (the supervisor of --restarts); the launcher is still the one beside the program.
+    `fault_tolerant`: ULFM on (Open MPI 5 only: ULFM_FLAGS), so a job outlives a rank."""
     cmd = find_mpirun(argv)
     flags = ["-n", str(n)]
     ompi = is_open_mpi(cmd)
+    if fault_tolerant and not ompi:
+        raise SystemExit(f"ringmpi.launch: --fault-tolerant needs Open MPI 5 (its ULFM); {shlex.join(cmd)} is "
+                         "another MPI's launcher (MPI=wheel gives Open MPI)")
     if ompi:
         flags = ["--oversubscribe", *flags]
         if n > (os.cpu_count() or n):
             flags += ["--mca", "mpi_yield_when_idle", "1"]
+        if fault_tolerant:
+            flags += ULFM_FLAGS
     if hosts:
         flags += ["--host" if ompi else "-hosts", hosts]
     return cmd + flags + list(extra or []) + list(wrap or []) + argv
@@ -210,7 +228,8 @@ def _supervised(ns, argv: list[str], deadline: float | None) -> int:
     for attempt in range(attempts):
         status = Path(tempfile.mkdtemp(prefix="ringmpi-launch-"))
         try:
-            cmd = mpirun_command(ns.np, argv, shlex.split(ns.mpi_args), ns.hosts, wrap + [str(status), "--"])
+            cmd = mpirun_command(ns.np, argv, shlex.split(ns.mpi_args), ns.hosts, wrap + [str(status), "--"],
+                                 ns.fault_tolerant)
             env = job_environment(ns.np)
             env["RINGMPI_RESTART"] = str(attempt)
             began = time.monotonic()
@@ -240,6 +259,9 @@ def main(args: list[str] | None = None) -> int:
     ap.add_argument("--restarts", type=int, default=-1, metavar="K",
                     help="relaunch the job after a failure up to K times, naming the failed rank each time "
                          "(0: name it, no restart; default: run it once, unsupervised)")
+    ap.add_argument("--fault-tolerant", action="store_true",
+                    help="ULFM on (Open MPI 5): the job outlives a rank, and a program that catches "
+                         "ringmpi.RankFailure can go on with ringmpi.shrink(comm)")
     ap.add_argument("--hosts", default="", help="hosts and their slots, 'node1:8,node2:8' (any MPI's launcher)")
     ap.add_argument("--mpi-args", default="", help="extra launcher flags, e.g. '--hostfile hosts'")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
@@ -252,7 +274,8 @@ def main(args: list[str] | None = None) -> int:
     deadline = time.monotonic() + ns.timeout if ns.timeout else None
     if ns.restarts >= 0:
         return _supervised(ns, argv, deadline)
-    return _run(mpirun_command(ns.np, argv, shlex.split(ns.mpi_args), ns.hosts), job_environment(ns.np), deadline, ns.timeout)
+    cmd = mpirun_command(ns.np, argv, shlex.split(ns.mpi_args), ns.hosts, fault_tolerant=ns.fault_tolerant)
+    return _run(cmd, job_environment(ns.np), deadline, ns.timeout)
 
 
 if __name__ == "__main__":

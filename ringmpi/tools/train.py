@@ -12,11 +12,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..api import algorithms, group
+from ..api import algorithms, fault_tolerant, group, shrink
 from ..auto import profile_of
-from ..dp.arrays import DEVICES
+from ..dp.arrays import DEVICES, to_host
 from ..dp.ps import async_sgd_study
-from ..errors import RingmpiUsageError
+from ..errors import RankFailure, RingmpiUsageError
 from ..dp.checkpoint import Snapshot, Writer, newest
 from ..dp.ddp import DataParallel, restore, state_arrays
 from ..dp.train import make_optimizer, make_task, max_diff, params_digest, train_dp, train_single
@@ -50,6 +50,10 @@ class _Progress:
             self.bar.start()
             self.bar.add_task("training", total=ns.steps, completed=start)
 
+    def rebind(self, ns, t) -> None:
+        """After a shrink: the survivors' new rank 0 prints."""
+        self.lead = t.rank == 0 and not ns.quiet
+
     def __call__(self, s: int, loss: float) -> None:
         if self.lead:
             print(f"step {s:>5}  loss {loss:.6f}", flush=True)
@@ -71,11 +75,22 @@ class _Checkpoints:
     (rank 0 reads it and sends it to every rank), and write one every N steps and at the
     end (rank 0, on a thread: the step pays for a copy of the state)."""
 
-    def __init__(self, ns, t, ddp, opt, samples: int) -> None:
-        self.ns, self.t, self.ddp, self.opt, self.samples = ns, t, ddp, opt, samples
+    def __init__(self, ns, ddp, opt, samples: int) -> None:
+        self.ns, self.opt, self.samples = ns, opt, samples
         self.config = {k: getattr(ns, k) for k in CONFIG}
-        self.writer = Writer(ns.checkpoint, keep=ns.checkpoint_keep) if t.rank == 0 else None
+        self.writer: Writer | None = None
         self.copy_seconds = 0.0
+        self.rebind(ddp)
+
+    @property
+    def t(self):
+        return self.ddp.t
+
+    def rebind(self, ddp) -> None:
+        """The replica to save (a new one after a shrink, whose rank 0 may be new: it writes)."""
+        self.ddp = ddp
+        if ddp.t.rank == 0 and self.writer is None:
+            self.writer = Writer(self.ns.checkpoint, keep=self.ns.checkpoint_keep)
 
     def resume(self) -> int:
         found = newest(self.ns.checkpoint) if self.t.rank == 0 else None
@@ -120,28 +135,78 @@ def _jsonable(v):
     return list(v) if isinstance(v, tuple) else v
 
 
-def _train(ns, t, task, kw):
+#: all-reduce algorithms that wait on shared memory, where a dead rank is never noticed (no
+#: MPI call sees it): a run that means to outlive a rank uses the others (auto may pick these)
+_WAIT_ON_SHARED_MEMORY = ("auto", "ring_shm", "hierarchical", "hierarchical_oneway")
+
+
+class _Steps:
+    """How far this rank's training got: `done` steps complete (their update applied)."""
+
+    def __init__(self, done: int) -> None:
+        self.done = done
+
+
+def _go_on(ns, ddp, opt, steps: _Steps, show: _Progress):
+    """--on-failure shrink: the survivors' communicator (ULFM's shrink), the state of the
+    survivor that got furthest (a rank dies mid-step: the survivors that had every block of
+    the step's last all-reduce applied its update, the others not), a new replica on the
+    survivors, which re-partitions each global batch over p - 1 ranks (the same samples per
+    step: the training goes on unchanged, only the summation order differs)."""
+    began = time.perf_counter()
+    old = ddp.t
+    comm = shrink(ddp.comm)
+    t = group(comm)
+    survivors = t.allgather_obj((old.rank, steps.done))     # (rank before, steps done)
+    reached = [done for _, done in survivors]
+    root = reached.index(max(reached))
+    snap = Snapshot(max(reached), {k: to_host(v) for k, v in state_arrays(ddp, opt).items()}) if t.rank == root else None
+    data = t.bcast_obj(snap.encode() if snap else None, root)
+    fresh = DataParallel(ddp.model, comm, algorithm=ns.algorithm)
+    steps.done = restore(fresh, opt, Snapshot.decode(data))
+    show.rebind(ns, t)
+    if t.rank == 0 and not ns.quiet:
+        lost = sorted(set(range(old.size)) - {r for r, _ in survivors})
+        print(f"# rank{'s' * (len(lost) > 1)} {', '.join(map(str, lost))} of {old.size} lost in step {min(reached)}: going on with {t.size} ranks at step "
+              f"{steps.done} (the state of rank {root} of the survivors), {time.perf_counter() - began:.2f} s "
+              "after the error", flush=True)
+    return fresh
+
+
+def _train(ns, task, kw):
     """Train with a progress line per step on rank 0 (from the newest checkpoint with
-    --checkpoint); returns (ddp, seconds, steps run)."""
+    --checkpoint; on the survivors after a lost rank with --on-failure shrink); returns
+    (ddp, seconds, steps run)."""
     ddp = DataParallel(task.make_model(), None, algorithm=ns.algorithm)
     opt = make_optimizer(ns.optimizer, ns.lr, ns.momentum)
-    saver = _Checkpoints(ns, t, ddp, opt, task.size) if ns.checkpoint else None
+    saver = _Checkpoints(ns, ddp, opt, task.size) if ns.checkpoint else None
     start = saver.resume() if saver else 0
-    show = _Progress(ns, t, start)
+    steps = _Steps(start)
+    show = _Progress(ns, ddp.t, start)
 
     def on_step(s: int, loss: float) -> None:
+        steps.done = s + 1
         show(s, loss)
         if saver:
             saver.after(s)
 
-    t.barrier()
+    ddp.t.barrier()
     t0 = time.perf_counter()
     try:
-        train_dp(task, ns.steps - start, ns.batch, algorithm=ns.algorithm, start=start, ddp=ddp, opt=opt,
-                 on_step=on_step, **kw)
+        while True:
+            try:
+                train_dp(task, ns.steps - steps.done, ns.batch, algorithm=ns.algorithm, start=steps.done, ddp=ddp,
+                         opt=opt, on_step=on_step, **kw)
+                ddp.t.barrier()
+                break
+            except RankFailure:
+                if ns.on_failure != "shrink":
+                    raise
+                ddp = _go_on(ns, ddp, opt, steps, show)
+                if saver:
+                    saver.rebind(ddp)
     finally:
         show.stop()
-    t.barrier()
     elapsed = time.perf_counter() - t0
     if saver:
         saver.close()
@@ -192,10 +257,19 @@ def _run(ns) -> int:
     except ImportError as e:
         raise RingmpiUsageError(f"--device {ns.device}: {e}") from None
     kw = dict(optimizer=ns.optimizer, lr=ns.lr, momentum=ns.momentum, seed=ns.seed)
+    if ns.on_failure == "shrink":
+        if not fault_tolerant():
+            raise RingmpiUsageError(f"ringmpi train (rank {t.rank}): --on-failure shrink needs ULFM on; launch "
+                                    "with python -m ringmpi.launch --fault-tolerant (Open MPI 5)")
+        if ns.algorithm in _WAIT_ON_SHARED_MEMORY:
+            raise RingmpiUsageError(f"ringmpi train (rank {t.rank}): --on-failure shrink needs an all-reduce that "
+                                    f"waits in MPI, not {ns.algorithm} (one of {', '.join(_WAIT_ON_SHARED_MEMORY)}, "
+                                    "which wait on shared memory or may): use ring, tree, rabenseifner, ...")
     if t.rank == 0 and not ns.quiet:
         print(f"# ringmpi train: {ns.model}, {t.size} ranks, global batch {ns.batch}, {ns.steps} steps, "
               f"{dtype.name} on {ns.device}, all-reduce algorithm {ns.algorithm}")
-    ddp, elapsed, ran = _train(ns, t, task, kw)
+    ddp, elapsed, ran = _train(ns, task, kw)
+    t = ddp.t   # the survivors' after a shrink
     digests = t.allgather_obj(params_digest(ddp.params))
     same = len(set(digests)) == 1
     if t.rank == 0:
@@ -214,7 +288,7 @@ def _run(ns) -> int:
 def _run_torch(ns) -> int:
     """HW5 on torch (`ringmpi.torch.trainer`): an MLP on the host, SGD or Adam."""
     for flag, value, default in (("--model", ns.model, "mlp"), ("--device", ns.device, "cpu"),
-                                 ("--checkpoint", ns.checkpoint, "")):
+                                 ("--checkpoint", ns.checkpoint, ""), ("--on-failure", ns.on_failure, "abort")):
         if value != default:
             raise RingmpiUsageError(f"--framework torch: {flag} {value} is not offered (only {default})")
     if ns.speedup:
@@ -278,4 +352,7 @@ def add_parser(sub, name: str = "train", text: str = "") -> None:
                    help="steps between checkpoints (and one at the end)")
     a.add_argument("--checkpoint-keep", type=_positive(int), default=2, metavar="K",
                    help="checkpoints kept in DIR (the newest K)")
+    a.add_argument("--on-failure", choices=["abort", "shrink"], default="abort",
+                   help="a lost rank: end the job (restart it with ringmpi.launch --restarts), or go on with "
+                        "the survivors (needs ringmpi.launch --fault-tolerant: Open MPI 5's ULFM)")
     a.set_defaults(func=_run)
