@@ -2,7 +2,7 @@
 
 A checkpoint is one file, `step-00000010.ckpt` in the checkpoint directory:
 
-    {"ringmpi_checkpoint": 1, "step": 10, "bytes": N, "sha256": HEX}\\n   one JSON line
+    {"ringmpi_checkpoint": 1, "step": 10, "bytes": N, "sha256": HEX}   \\n   one JSON line (256 bytes)
     N bytes: an uncompressed .npz of the arrays, "meta" (JSON as uint8) and "step" among them
 
 It is written to a temporary name in the same directory, flushed, fsync'ed, renamed over
@@ -16,7 +16,8 @@ and the one before must still be there).
 
 Writing goes on a thread (`Writer`): the step pays for a copy of the arrays into memory
 the writer owns (the parameters change in the next step), the file system's time (write,
-fsync) overlaps the next steps, as torch.distributed.checkpoint's async_save does. A
+fsync) overlaps the next steps, as torch.distributed.checkpoint's async_save does, at the
+low CPU priority (on a node whose cores all run ranks, the write takes little from them). A
 failed write is raised at the next `save` or at `wait`, never lost.
 """
 from __future__ import annotations
@@ -42,6 +43,29 @@ FORMAT = 1
 NAME = re.compile(r"step-(\d+)\.ckpt$")
 
 
+#: bytes kept for the header line (its JSON is about 130)
+HEADER = 256
+
+
+class _Hashing:
+    """A write-only stream over a file that hashes and counts what passes (the zip
+    writer, finding no tell or seek, writes as a stream, sizes after the data)."""
+
+    def __init__(self, f: Any) -> None:
+        self.f, self.sha, self.size = f, hashlib.sha256(), 0
+
+    def write(self, b: Any) -> int:
+        self.sha.update(b)
+        self.size += len(b)
+        return self.f.write(b)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def read(self, n: int = -1) -> bytes:   # numpy takes an object without `read` for a path
+        raise io.UnsupportedOperation("write-only")
+
+
 class CheckpointError(ValueError):
     """A checkpoint file that must not be loaded (truncated, changed, not a checkpoint)."""
 
@@ -56,15 +80,27 @@ class Snapshot:
     meta: dict = field(default_factory=dict)
 
     def encode(self) -> bytes:
+        buf = io.BytesIO()
+        self.dump(buf)
+        return buf.getvalue()
+
+    def dump(self, f: Any) -> None:
+        """Write the checkpoint into the seekable binary file `f`, streaming: the payload
+        goes out as numpy writes it, hashed on the way (no copy of the state in memory
+        beside the arrays), and the header, whose place is kept, is written last."""
         if {"meta", "step"} & self.arrays.keys():
             raise CheckpointError(f"a checkpoint's arrays may not be named 'meta' or 'step' (got {sorted(self.arrays)})")
-        buf = io.BytesIO()
+        start = f.tell()
+        f.write(b" " * (HEADER - 1) + b"\n")
+        out = _Hashing(f)
         meta = np.frombuffer(json.dumps(self.meta, sort_keys=True).encode(), np.uint8)
-        np.savez(buf, meta=meta, step=np.array(self.step, np.int64), **self.arrays)
-        payload = buf.getvalue()
-        head = {"ringmpi_checkpoint": FORMAT, "step": self.step, "bytes": len(payload),
-                "sha256": hashlib.sha256(payload).hexdigest()}
-        return json.dumps(head).encode() + b"\n" + payload
+        np.savez(out, meta=meta, step=np.array(self.step, np.int64), **self.arrays)
+        end = f.tell()
+        head = json.dumps({"ringmpi_checkpoint": FORMAT, "step": self.step, "bytes": out.size,
+                           "sha256": out.sha.hexdigest()}).encode()
+        f.seek(start)
+        f.write(head.ljust(HEADER - 1) + b"\n")   # JSON allows the trailing spaces
+        f.seek(end)
 
     @staticmethod
     def decode(data: bytes, where: str = "checkpoint") -> "Snapshot":
@@ -107,10 +143,9 @@ def write(directory: str | Path, snap: Snapshot, keep: int = 2) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     final = d / f"step-{snap.step:08d}.ckpt"
     tmp = d / f".{final.name}.{os.getpid()}.tmp"
-    data = snap.encode()
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            snap.dump(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
@@ -171,6 +206,10 @@ class Writer:
         self._thread.start()
 
     def _write(self, snap: Snapshot) -> None:
+        try:   # a low CPU priority (nice 10), this thread only: the ranks' steps come first
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (AttributeError, OSError):
+            pass
         try:
             self.written.append(write(self.directory, snap, self.keep))
         except BaseException as err:   # raised on the caller's thread at the next save or wait

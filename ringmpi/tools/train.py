@@ -79,7 +79,8 @@ class _Checkpoints:
         self.ns, self.opt, self.samples = ns, opt, samples
         self.config = {k: getattr(ns, k) for k in CONFIG}
         self.writer: Writer | None = None
-        self.copy_seconds = 0.0
+        self.copy_seconds = 0.0      # the steps' time spent copying the state for the writer
+        self.wait_seconds = 0.0      # ... and waiting for the write before (not done in time)
         self.rebind(ddp)
 
     @property
@@ -116,19 +117,23 @@ class _Checkpoints:
         done = s + 1
         if self.writer is not None and (done % self.ns.checkpoint_every == 0 or done == self.ns.steps):
             a = time.perf_counter()
+            self.writer.wait()
+            b = time.perf_counter()
+            self.wait_seconds += b - a
             epoch, index = divmod(done, max(self.samples // self.ns.batch, 1))   # as global_batch
             self.writer.save(done, state_arrays(self.ddp, self.opt),
                              {"config": {k: _jsonable(v) for k, v in self.config.items()},
                               "data": {"epoch": epoch, "batch_in_epoch": index}, "ranks": self.t.size})
-            self.copy_seconds += time.perf_counter() - a
+            self.copy_seconds += time.perf_counter() - b
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.wait()
             if self.writer.written and not self.ns.quiet:
-                print(f"# checkpoints: {len(self.writer.written)} written into {self.ns.checkpoint}, "
-                      f"{self.copy_seconds / len(self.writer.written) * 1e3:.2f} ms of each on the step "
-                      f"(the copy; the write overlaps the steps after it)", flush=True)
+                n = len(self.writer.written)
+                print(f"# checkpoints: {n} written into {self.ns.checkpoint}; on the steps, per checkpoint: "
+                      f"{self.copy_seconds / n * 1e3:.2f} ms copying the state, {self.wait_seconds / n * 1e3:.2f} ms "
+                      "waiting for the write before it (the write overlaps the steps)", flush=True)
 
 
 def _jsonable(v):
