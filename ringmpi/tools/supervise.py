@@ -61,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     rank = rank_from_environment()
     path = status_dir / f"rank-{rank if rank is not None else os.getpid()}.json"
     start = time.time()
-    child = subprocess.Popen(cmd, preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+    # close_fds=False: the launcher's descriptors are the rank's (MPICH's hydra hands PMI_FD
+    # down as an open descriptor; without it MPI_Init fails: "PMI_Init returned -1")
+    child = subprocess.Popen(cmd, close_fds=False,
+                             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
     fields = {"rank": rank, "pid": child.pid, "host": socket.gethostname(), "start": start}
     _record(path, fields)
     for s in FORWARDED:
