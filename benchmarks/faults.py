@@ -28,12 +28,11 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "faults"))
-from faultinject import killer, launch  # noqa: E402
+from faultinject import DIGEST, killer, launch, steps_seen  # noqa: E402
 
 BIG = ["--sizes", "512,2048,1024,10", "--dtype", "float32", "--batch", "2048", "--samples", "4096", "--steps", "40",
        "--quiet"]
 SMALL = ["--steps", "150", "--sizes", "64,256,256,4", "--samples", "2048", "--batch", "256", "--checkpoint-every", "5"]
-DIGEST = re.compile(r"^params sha256 ([0-9a-f]{64})$", re.M)
 
 
 def ms_per_step(out: str) -> float:
@@ -90,7 +89,7 @@ def restarts(repeats: int, ranks: int) -> None:
     for _ in range(repeats):
         kill, out, seen = _kill_run(["--restarts", "2"], SMALL, ranks)
         before = out[:out.index("ringmpi.launch: attempt 1")]
-        reached = max(int(m) for m in re.findall(r"^step\s+(\d+)\s", before, re.M)) + 1
+        reached = max(steps_seen(before)) + 1
         back = next((at, int(m.group(1))) for at, ln in seen if (m := re.match(r"# resumed from \S+ at step (\d+)", ln)))
         same = DIGEST.findall(out) == [ref]
         print(f"  {kill.rank:>4} {reached:>7} {back[1]:>7} {reached - back[1]:>4} {back[0] - kill.at:>15.2f} "

@@ -346,7 +346,6 @@ class MPITransport(_Wire):
         knows tells the others by revoking); stop the stall inspector's notes (none can
         reach a dead rank, and under ULFM no wait is endless); no failure note either: the
         survivors are meant to go on, not to abort."""
-        self.wire = False
         self._revoke()
         failed = self.failed_ranks()
         label = label or self.busy or "a collective"
@@ -358,6 +357,8 @@ class MPITransport(_Wire):
                            "gives the survivors' communicator", failed)
 
     def _revoke(self) -> None:
+        """Revoke this transport's communicators (the node split's too); no more notes."""
+        self.wire = False
         comms = [self.comm, self.ctl]
         if self._split is not None:
             self._split[2]._revoke()
@@ -922,7 +923,6 @@ def shrink(comm: "MPI.Intracomm | None" = None) -> "MPI.Intracomm":
     comm = MPI.COMM_WORLD if comm is None else comm
     t = comm.Get_attr(_KEYVAL) if isinstance(comm, MPI.Intracomm) else None
     if t is not None:
-        t.wire = False
         t._revoke()
     try:
         return MPI.Intracomm(comm.Shrink())

@@ -172,9 +172,9 @@ def _go_on(ns, ddp, opt, steps: _Steps, show: _Progress):
     show.rebind(ns, t)
     if t.rank == 0 and not ns.quiet:
         lost = sorted(set(range(old.size)) - {r for r, _ in survivors})
-        print(f"# rank{'s' * (len(lost) > 1)} {', '.join(map(str, lost))} of {old.size} lost in step {min(reached)}: going on with {t.size} ranks at step "
-              f"{steps.done} (the state of rank {root} of the survivors), {time.perf_counter() - began:.2f} s "
-              "after the error", flush=True)
+        print(f"# rank{'s' * (len(lost) > 1)} {', '.join(map(str, lost))} of {old.size} lost in step "
+              f"{min(reached)}: going on with {t.size} ranks at step {steps.done} (the state of rank {root} of "
+              f"the survivors), {time.perf_counter() - began:.2f} s after the error", flush=True)
     return fresh
 
 

@@ -4,6 +4,7 @@ a lost host ends a rank (no chance to clean up, no message)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from ringmpi.dp.checkpoint import checkpoints
 
-__all__ = ["Kill", "killer", "launch", "rank_pid"]
+__all__ = ["Kill", "killer", "launch", "rank_pid", "clean_environment", "steps_seen", "DIGEST"]
 
 
 @dataclass
@@ -26,10 +27,23 @@ class Kill:
     missed: str = ""
 
 
-def env() -> dict:
-    base = {k: v for k, v in os.environ.items()
+#: what the trainer prints last: the digest runs are compared by
+DIGEST = re.compile(r"^params sha256 ([0-9a-f]{64})$", re.M)
+
+
+def clean_environment() -> dict:
+    """This environment without an enclosing MPI job's variables or any RINGMPI_* setting."""
+    return {k: v for k, v in os.environ.items()
             if not k.startswith(("OMPI_COMM", "PMIX", "PRTE", "OMPI_MCA", "PMI_", "HYDRA", "RINGMPI_"))}
-    return {**base, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def env() -> dict:
+    return {**clean_environment(), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def steps_seen(out: str) -> list[int]:
+    """The steps whose line rank 0 printed ("step     N  loss X")."""
+    return [int(m) for m in re.findall(r"^step\s+(\d+)\s", out, re.M)]
 
 
 def rank_pid(rank: int, marker: str) -> int | None:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from faultinject import clean_environment
 
 HEADER = """\
 import os, sys, time, threading
@@ -39,8 +40,7 @@ def job(tmp_path: Path, code: str, n: int = 3, env: dict | None = None, timeout:
     uncaught exception does not abort, so that the other safety nets are what is tested."""
     script = tmp_path / "scenario.py"
     script.write_text(HEADER + textwrap.dedent(code))
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith(("OMPI_COMM", "PMIX", "PRTE", "OMPI_MCA", "PMI_", "HYDRA", "RINGMPI_"))}
+    base = clean_environment()
     base.update({**({} if defaults else {"RINGMPI_ABORT_ON_EXCEPTION": "0"}), "OMP_NUM_THREADS": "1", **(env or {})})
     cmd = [sys.executable, "-m", "ringmpi.launch", "-n", str(n), "--timeout", str(timeout),
            *(["--mpi-args", mpi_args] if mpi_args else []), "--", sys.executable, str(script)]

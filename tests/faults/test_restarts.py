@@ -17,7 +17,7 @@ import re
 import sys
 
 import pytest
-from faultinject import killer, launch
+from faultinject import DIGEST, killer, launch, steps_seen
 
 from ringmpi.dp.checkpoint import checkpoints
 from ringmpi.tools.launch import find_mpirun, is_open_mpi
@@ -27,7 +27,6 @@ EVERY = 5
 #: about 17 ms a step at 4 ranks on 2 cores: a few seconds of training, time for a kill
 TRAIN = ["--steps", "150", "--sizes", "64,256,256,4", "--samples", "2048",
          "--batch", "256", "--checkpoint-every", str(EVERY)]
-DIGEST = re.compile(r"^params sha256 ([0-9a-f]{64})$", re.M)
 
 
 def uninterrupted(tmp_path_factory, key: str, train: list[str]) -> str:
@@ -36,10 +35,6 @@ def uninterrupted(tmp_path_factory, key: str, train: list[str]) -> str:
     found = DIGEST.findall(out)
     assert rc == 0 and len(found) == 1, out[-3000:]
     return found[0]
-
-
-def steps_seen(out: str) -> list[int]:
-    return [int(m) for m in re.findall(r"^step\s+(\d+)\s", out, re.M)]
 
 
 @pytest.fixture(scope="module")
