@@ -26,7 +26,7 @@ from . import settings as settings_module
 from .call import Call
 from .device import cai_contiguous, cai_readonly, cai_span, device_backend, is_device
 from .errors import RingmpiError, RingmpiUsageError
-from .ops import CANONICAL, SUPPORTED_DTYPES, check_op_dtype
+from .ops import SUPPORTED_DTYPES, canonical, check_op_dtype, is_half
 from .settings import log, settings
 from . import requests
 from .requests import ACTIVE, progress
@@ -175,10 +175,10 @@ class Edge:
 
     def _canonical(self, name: str, dt: np.dtype) -> np.dtype:
         """The one dtype ringmpi sends for `dt` (see CANONICAL); an error for a dtype MPI lacks."""
-        canonical = CANONICAL.get((dt.kind, dt.itemsize))
-        if canonical is None or not dt.isnative:
+        found = canonical(dt)
+        if found is None or not dt.isnative:
             self.fail(f"{name} has dtype {dt}; expected one of {', '.join(str(d) for d in SUPPORTED_DTYPES)}")
-        return canonical
+        return found
 
     def _device_array(self, name: str, buf: Any, writable: bool) -> Any:
         """A device array (`ringmpi.device`), flat, after the same checks as a host one."""
@@ -466,7 +466,7 @@ def _one_library_call(t: Any, spec: Any, alg: Any, call: Call) -> bool:
     library's nonblocking or persistent collective then serves the request as it is): not
     MAX/MIN of floats (NaN keys before and after), nor above the C-int count limit (in
     pieces), nor a reduce-scatter in place or with an empty result (a copy after)."""
-    return alg.cost is None and t.size > 1 and call.count <= t.max_count and not (
+    return alg.cost is None and t.size > 1 and call.count <= t.max_count and not is_half(call.dtype) and not (
         call.op in ("MAX", "MIN") and call.dtype.kind == "f") and not (
         spec.name == "reduce_scatter" and (call.inplace or call.recv.size == 0 or len(set(call.counts)) != 1))
 
@@ -490,7 +490,7 @@ def _runnable(e: Edge, spec: Any, name: str, call: Call, on: Any) -> tuple[Any, 
         alg = _alg.get(spec.name, name)
     except ValueError as err:
         e.fail(str(err))
-    why = alg.why_not(on)
+    why = alg.refuses(on, call)
     if why:
         e.fail(f"algorithm {name!r} cannot run here: {why}")
     if alg.cost is None and not on.native_serves(call.count, spec.elementwise):
@@ -710,7 +710,7 @@ def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice:
     Under a tuner every call counts down to the next timed one (`monitored`). `dev`: the
     call is on device buffers, which never go to MPI without their transport."""
     if dev is None and alg.cost is None and t.native_serves(call.count, spec.elementwise) and call.op != "AVG" and not (
-            call.op in ("MAX", "MIN") and call.dtype.kind == "f"):
+            call.op in ("MAX", "MIN") and call.dtype.kind == "f") and not is_half(call.dtype):
         fast = spec.direct(t, call, args, choice, slow, tuner)
         if fast is not None:
             return fast

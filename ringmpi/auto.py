@@ -113,7 +113,10 @@ def _interp(points: list, n: int) -> float | None:
     return pts[0][1]
 
 
-def predict_time(collective: str, algorithm: str, p: int, count: int, itemsize: int, prof: Profile) -> float:
+def predict_time(collective: str, algorithm: str, p: int, count: int, itemsize: int, prof: Profile,
+                 params: tuple = ()) -> float:
+    """Seconds `algorithm` takes under `prof`: the profile's measurement, else the formula
+    (with the call's `params`: a 16-bit float's partials), else MPI's own extrapolated."""
     nbytes = count * itemsize
     table = prof.measured.get(collective, {}).get(algorithm) if prof.world_size in (None, p) else None
     if table:
@@ -122,7 +125,7 @@ def predict_time(collective: str, algorithm: str, p: int, count: int, itemsize: 
             return hit
     alg = _alg.get(collective, algorithm)
     if alg.cost is not None:
-        return alg.predict(p, count, itemsize, prof)
+        return alg.predict(p, count, itemsize, prof, **dict(params))
     if table and len(table) >= 2:  # the MPI library's own beyond the measured range: linear trend
         (b0, s0), (b1, s1) = sorted(table)[-2:] if nbytes > max(b for b, _ in table) else sorted(table)[:2]
         slope = (s1 - s0) / (b1 - b0) if b1 != b0 else 0.0
@@ -137,8 +140,8 @@ def _predicted_choice(t: Any, call: Call, prof: Profile, native_ok: bool, native
     buffers staged whole through the host) and wins near-ties (MARGIN)."""
     collective = call.collective.name
     algs = [_alg.get(collective, a) for a in _alg.names(collective)]
-    preds = {a.name: predict_time(collective, a.name, t.size, call.count, call.itemsize, prof)
-             for a in algs if (native_ok or a.cost is not None) and not a.why_not(t)}
+    preds = {a.name: predict_time(collective, a.name, t.size, call.count, call.itemsize, prof, call.params)
+             for a in algs if (native_ok or a.cost is not None) and not a.refuses(t, call)}
     if "mpi" in preds:
         preds["mpi"] += native_extra
     best = min(preds, key=preds.get)
@@ -214,7 +217,7 @@ def choose_request(view: Any, g: Any, call: Call) -> dict:
         _alg.get(collective, forced)
         return {"algorithm": forced, "why": "forced by RINGMPI_ALGO", "collective": collective}
     tuner = g.tuners.get(_bucket(view, call)) if st.tune else None
-    if tuner is not None and tuner.winner is not None and not _alg.get(collective, tuner.winner).why_not(view):
+    if tuner is not None and tuner.winner is not None and not _alg.get(collective, tuner.winner).refuses(view, call):
         choice = tuner.choice(tuner.winner)
         del choice["tuner"]
         return choice
@@ -257,7 +260,8 @@ def _candidates(t: Any, call: Call, prof: Profile, native_ok: bool) -> list[str]
     most PRUNE x the best formula's time under `prof`: the ones worth trying online."""
     collective = call.collective.name
     algs = [_alg.get(collective, a) for a in _alg.names(collective)]
-    preds = {a.name: a.predict(t.size, call.count, call.itemsize, prof) for a in algs if not a.why_not(t)}
+    preds = {a.name: a.predict(t.size, call.count, call.itemsize, prof, **dict(call.params)) for a in algs
+             if not a.refuses(t, call)}
     known = [v for v in preds.values() if v is not None]
     best = min(known) if known else 0.0
     return [a for a, v in preds.items() if (v is None and native_ok) or (v is not None and v <= PRUNE * best)]

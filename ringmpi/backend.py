@@ -34,7 +34,9 @@ class NumpyBackend:
         return np.empty(n, dtype=dtype)
 
     def copy(self, src: np.ndarray, dst: np.ndarray) -> None:
-        np.copyto(dst, src)
+        """dst = src; between dtypes (a 16-bit float and its float32 accumulator) a
+        conversion, rounding to nearest even where it narrows."""
+        np.copyto(dst, src, casting="unsafe")
 
     def combine(self, op: str, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         if op == "PROD" and out.dtype.kind == "c" and (np.shares_memory(out, a) or np.shares_memory(out, b)):

@@ -24,7 +24,8 @@ from .backend import Phantom, phantom
 from .api import CACHE, PLANS, Edge, Memo, call_plan, execute, flat_view, group, label, request, restart, send_recv_plan
 from .requests import Persistent, Request, progress, testall, waitall
 from .call import Call, block_counts, offsets
-from .ops import OPS
+from .ops import ACCUMULATOR, OPS, ROUNDING, is_half, kind
+from .settings import settings
 from .transport import IN_PLACE, LRU
 
 #: the public calls (re-exported by `ringmpi`); the specs are `SPECS` and `spec(name)`
@@ -42,6 +43,27 @@ def _fold(op: str, arrays: Sequence[np.ndarray]) -> np.ndarray:
     if op == "AVG":
         acc /= len(arrays)
     return acc
+
+
+def arithmetic(dtype: np.dtype, op: str | None, deterministic: bool | None = None) -> tuple:
+    """The call parameters that concern the arithmetic (`ringmpi.schedules`): `deterministic`
+    for a floating-point SUM, AVG or PROD in the deterministic mode (the call's argument, else
+    RINGMPI_DETERMINISTIC), and a 16-bit float's `partials`, the bytes of its partial sums
+    (RINGMPI_PARTIALS; float32 always in the deterministic mode, whose fold is in float32)."""
+    if op not in ROUNDING:
+        return ()
+    st = settings()
+    keep = st.deterministic if deterministic is None else deterministic
+    out = (("deterministic", True),) if keep and kind(dtype) in "fc" else ()
+    if is_half(dtype):
+        out += (("partials", ACCUMULATOR.itemsize if keep or st.partials == 32 else dtype.itemsize),)
+    return out
+
+
+def _deterministic(e: Edge, value: Any) -> bool | None:
+    if value is not None and not isinstance(value, (bool, np.bool_)):
+        e.fail(f"deterministic must be True, False or None (RINGMPI_DETERMINISTIC), got {value!r}")
+    return None if value is None else bool(value)
 
 
 def _blank(n: int, like: np.ndarray) -> np.ndarray:
@@ -146,16 +168,19 @@ class _Allreduce(Collective):
     def busbw_factor(self, p):
         return 2 * (p - 1) / p
 
-    def prepare(self, e, sendbuf, recvbuf, op):
+    def prepare(self, e, sendbuf, recvbuf, op, deterministic=None):
         inplace = recvbuf is not None and recvbuf is sendbuf
         send = e.array("sendbuf", sendbuf, writable=inplace)
         opn = e.op(op, send.dtype)
         recv = send if inplace else e.recv(recvbuf, send, send.size)
-        return Call(self, send, recv, send.size, opn, inplace=inplace), _result(recvbuf, recv, sendbuf.shape)
+        return Call(self, send, recv, send.size, opn, inplace=inplace,
+                    params=arithmetic(send.dtype, opn, _deterministic(e, deterministic))), \
+            _result(recvbuf, recv, sendbuf.shape)
 
     def make(self, rank, p, x, *, op=None, root=0, inplace=False):
         send = x.copy()
-        return Call(self, send, send if inplace else _blank(x.size, x), x.size, op, inplace=inplace)
+        return Call(self, send, send if inplace else _blank(x.size, x), x.size, op, inplace=inplace,
+                    params=arithmetic(x.dtype, op))
 
     def again(self, call, dtype, canonical, sendbuf, recvbuf):
         # all that can change about the same array objects: their writability, a dtype set in place
@@ -190,25 +215,26 @@ class _ReduceScatter(Collective):
     def input_count(self, count, p):
         return count * p
 
-    def prepare(self, e, sendbuf, recvbuf, op, counts=None):
+    def prepare(self, e, sendbuf, recvbuf, op, counts=None, deterministic=None):
         inplace = recvbuf is not None and recvbuf is sendbuf
         send = e.array("sendbuf", sendbuf, writable=inplace)
         opn = e.op(op, send.dtype)
         c = tuple(block_counts(send.size, e.t.size)) if counts is None else e.counts(counts, send.size)
         r = e.t.rank
+        params = arithmetic(send.dtype, opn, _deterministic(e, deterministic))
         if inplace:
             off = offsets(c)
             recv = send[off[r]:off[r + 1]]
-            return Call(self, send, recv, send.size, opn, counts=c, inplace=True), recv
+            return Call(self, send, recv, send.size, opn, counts=c, inplace=True, params=params), recv
         recv = e.recv(recvbuf, send, c[r])
-        return Call(self, send, recv, send.size, opn, counts=c), _result(recvbuf, recv, (c[r],))
+        return Call(self, send, recv, send.size, opn, counts=c, params=params), _result(recvbuf, recv, (c[r],))
 
     def make(self, rank, p, x, *, op=None, root=0, inplace=False):
         c = tuple(block_counts(x.size, p))
         off = offsets(c)
         send = x.copy()
         recv = send[off[rank]:off[rank + 1]] if inplace else _blank(c[rank], x)
-        return Call(self, send, recv, x.size, op, counts=c, inplace=inplace)
+        return Call(self, send, recv, x.size, op, counts=c, inplace=inplace, params=arithmetic(x.dtype, op))
 
     def expected(self, xs, rank, op=None, root=0):
         off = offsets(block_counts(xs[0].size, len(xs)))
@@ -331,21 +357,23 @@ class _Reduce(Collective):
     name, reduces, rooted, simulated_native, taught = "reduce", True, True, "tree", "ring"
     elementwise = True
 
-    def prepare(self, e, sendbuf, recvbuf, root, op):
+    def prepare(self, e, sendbuf, recvbuf, root, op, deterministic=None):
         root = e.root(root)
         at_root = e.t.rank == root
         inplace = at_root and recvbuf is not None and recvbuf is sendbuf
         send = e.array("sendbuf", sendbuf, writable=inplace)
         opn = e.op(op, send.dtype)
+        params = arithmetic(send.dtype, opn, _deterministic(e, deterministic))
         if not at_root:
-            return Call(self, send, None, send.size, opn, root), None
+            return Call(self, send, None, send.size, opn, root, params=params), None
         recv = send if inplace else e.recv(recvbuf, send, send.size)
-        return Call(self, send, recv, send.size, opn, root, inplace=inplace), _result(recvbuf, recv, sendbuf.shape)
+        return Call(self, send, recv, send.size, opn, root, inplace=inplace, params=params), \
+            _result(recvbuf, recv, sendbuf.shape)
 
     def make(self, rank, p, x, *, op=None, root=0, inplace=False):
         send = x.copy()
         recv = (send if inplace else _blank(x.size, x)) if rank == root else None
-        return Call(self, send, recv, x.size, op, root, inplace=inplace and rank == root)
+        return Call(self, send, recv, x.size, op, root, inplace=inplace and rank == root, params=arithmetic(x.dtype, op))
 
     def expected(self, xs, rank, op=None, root=0):
         return _fold(op, xs) if rank == root else None
@@ -511,19 +539,25 @@ _LAST_ALLREDUCE, _LAST_REDUCE_SCATTER, _LAST_ALLGATHER, _LAST_BROADCAST, _LAST_R
 
 
 def allreduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any = "sum",
-              comm: Any = None, algorithm: str = "auto") -> np.ndarray:
+              comm: Any = None, algorithm: str = "auto", deterministic: bool | None = None) -> np.ndarray:
     """Reduce `sendbuf` over all ranks; every rank gets the same result, bit for bit.
 
     Parameters:
-        sendbuf: this rank's contribution (any shape, C-contiguous, a dtype MPI has).
+        sendbuf: this rank's contribution (any shape, C-contiguous, a dtype MPI has, or
+            float16 / bfloat16 (ml_dtypes): their SUM, AVG and PROD accumulate in float32
+            and round once; RINGMPI_PARTIALS=16 sends 16-bit partial sums instead).
         recvbuf: where the result goes (same size and dtype); None allocates a new array
             shaped like `sendbuf`; `recvbuf is sendbuf` works in place (MPI_IN_PLACE).
         op: "sum", "prod", "max", "min", "land", "lor", "lxor", "band", "bor", "bxor",
             "avg" (the sum divided by the rank count, floating types only: NCCL's ncclAvg), or
             MPI's predefined op (MPI.SUM, ...). MAX and MIN propagate NaN.
         comm: an mpi4py intracommunicator (COMM_WORLD when None).
-        algorithm: "ring", "naive", "tree", "recursive_doubling", "rabenseifner", "mpi" (the
-            library's own) or "auto" (the lowest predicted time; RINGMPI_ALGO forces one).
+        algorithm: "ring", "naive", "tree", "recursive_doubling", "rabenseifner", "ordered",
+            "mpi" (the library's own) or "auto" (the lowest predicted time; RINGMPI_ALGO forces one).
+        deterministic: True: a floating-point SUM, AVG or PROD gives the bits of the rank-order
+            fold ((x0 + x1) + x2) + ... whatever the algorithm, size or hosts (`auto` picks
+            among "ordered" and "naive"; another algorithm is refused beyond 2 ranks);
+            None: RINGMPI_DETERMINISTIC decides.
 
     Returns the result array (`recvbuf` when given).
     Raises RingmpiUsageError naming the call and the rank when an argument is wrong, before
@@ -534,39 +568,45 @@ def allreduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any
     """
     m = _LAST_ALLREDUCE   # `_remembered`, inlined: the hot path of a training loop (~70 ns less)
     plan = m.plan
-    if plan is not None and m.send() is sendbuf and m.extra is op and m.comm is comm and m.algorithm is algorithm \
+    if plan is not None and deterministic is None and m.send() is sendbuf and m.extra is op and m.comm is comm \
+            and m.algorithm is algorithm \
             and sendbuf.dtype is m.send_dtype and (recvbuf is None if m.recv is None else
                                                    recvbuf is sendbuf if m.recv is True else
                                                    m.recv() is recvbuf and recvbuf.dtype is m.recv_dtype):
         return plan(sendbuf, recvbuf)
-    plan = PLANS.get(key := _key(True, _ALLREDUCE, comm, algorithm, id(op), sendbuf, recvbuf))
+    extra = op if deterministic is None else (op, deterministic)
+    plan = PLANS.get(key := _key(True, _ALLREDUCE, comm, algorithm, id(op) if deterministic is None else
+                                 (id(op), deterministic), sendbuf, recvbuf))
     if plan is None:
-        return execute(_ALLREDUCE, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, op=op), key)
-    return _through(_LAST_ALLREDUCE, plan, sendbuf, recvbuf, op, comm, algorithm)
+        return execute(_ALLREDUCE, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, op=op,
+                                                         deterministic=deterministic), key)
+    return _through(_LAST_ALLREDUCE, plan, sendbuf, recvbuf, extra, comm, algorithm)
 
 
 def reduce_scatter(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any = "sum",
                    comm: Any = None, algorithm: str = "auto",
-                   counts: Sequence[int] | None = None) -> np.ndarray:
+                   counts: Sequence[int] | None = None, deterministic: bool | None = None) -> np.ndarray:
     """Reduce over all ranks and leave block r of the result on rank r.
 
     Blocks follow `counts` (one non-negative integer per rank, adding up to len(sendbuf));
     the default splits evenly, the first len % p blocks one element longer. In place
     (`recvbuf is sendbuf`) the result is written into block r of the buffer and that block
-    (a view) is returned. Algorithms: "ring", "naive", "mpi", "auto". Other parameters and
-    errors as in `allreduce`.
+    (a view) is returned. Algorithms: "ring", "naive", "ordered", "mpi", "auto". Other
+    parameters and errors as in `allreduce`.
 
     Example (mpirun -n 2):
         >>> ringmpi.reduce_scatter(np.ones(4))      # [2., 2.] on both ranks
     """
-    plan = _remembered(_LAST_REDUCE_SCATTER, sendbuf, recvbuf, op, comm, algorithm) if counts is None else None
+    extra = op if deterministic is None else (op, deterministic)
+    plan = _remembered(_LAST_REDUCE_SCATTER, sendbuf, recvbuf, extra, comm, algorithm) if counts is None else None
     if plan is not None:
         return plan(sendbuf, recvbuf)
-    plan = PLANS.get(key := _key(counts is None, _REDUCE_SCATTER, comm, algorithm, id(op), sendbuf, recvbuf))
+    plan = PLANS.get(key := _key(counts is None, _REDUCE_SCATTER, comm, algorithm, id(op) if deterministic is None
+                                 else (id(op), deterministic), sendbuf, recvbuf))
     if plan is None:
-        return execute(_REDUCE_SCATTER, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, op=op, counts=counts),
-                       key)
-    return _through(_LAST_REDUCE_SCATTER, plan, sendbuf, recvbuf, op, comm, algorithm)
+        return execute(_REDUCE_SCATTER, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, op=op, counts=counts,
+                                                              deterministic=deterministic), key)
+    return _through(_LAST_REDUCE_SCATTER, plan, sendbuf, recvbuf, extra, comm, algorithm)
 
 
 def allgather(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, comm: Any = None,
@@ -613,19 +653,23 @@ def broadcast(buf: np.ndarray, root: int = 0, *, comm: Any = None, algorithm: st
 
 
 def reduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, root: int = 0, *,
-           op: Any = "sum", comm: Any = None, algorithm: str = "auto") -> np.ndarray | None:
+           op: Any = "sum", comm: Any = None, algorithm: str = "auto",
+           deterministic: bool | None = None) -> np.ndarray | None:
     """Reduce over all ranks onto `root`; returns the result there and None elsewhere.
 
     `recvbuf` matters on the root only (`recvbuf is sendbuf`: in place). Algorithms:
-    "ring" (reduce-scatter, then the blocks to the root), "tree", "naive", "mpi", "auto".
+    "ring" (reduce-scatter, then the blocks to the root), "tree", "naive", "ordered", "mpi",
+    "auto". `deterministic` as in `allreduce`.
     """
-    extra = (root, op)
+    extra = (root, op, deterministic)
     plan = _remembered(_LAST_REDUCE, sendbuf, recvbuf, extra, comm, algorithm)
     if plan is not None:
         return plan(sendbuf, recvbuf)
-    plan = PLANS.get(key := _key(type(root) is int, _REDUCE, comm, algorithm, (root, id(op)), sendbuf, recvbuf))
+    plan = PLANS.get(key := _key(type(root) is int, _REDUCE, comm, algorithm, (root, id(op), deterministic), sendbuf,
+                                 recvbuf))
     if plan is None:
-        return execute(_REDUCE, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, root=root, op=op), key)
+        return execute(_REDUCE, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, root=root, op=op,
+                                                      deterministic=deterministic), key)
     return _through(_LAST_REDUCE, plan, sendbuf, recvbuf, extra, comm, algorithm)
 
 
@@ -752,7 +796,7 @@ class _RequestMemo:
         send, recv = self._buffers(given)
         others = self._others(given)
         if bound is None or not isinstance(send, np.ndarray) or not isinstance(recv, np.ndarray) or \
-                not all(type(v) in (str, int, type(None)) for v in others):
+                not all(type(v) in (str, int, bool, type(None)) for v in others):
             return
         try:
             refs = weakref.ref(send), weakref.ref(recv)

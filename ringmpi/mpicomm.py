@@ -50,7 +50,7 @@ from . import requests, stall
 from .backend import NUMPY, ArrayBackend, ScratchPool
 from .device import DeviceGroup, Support
 from .errors import RankFailure, RingmpiError, RingmpiUsageError
-from .ops import CANONICAL, OPS, op_name
+from .ops import OPS, canonical, op_name, wire
 from .settings import log, settings
 from .transport import IN_PLACE, LRU, CountedMemory, Counters, PrivateMemory, ReceiveThenReduce, split_nodes
 
@@ -131,6 +131,7 @@ def _pieces(buf: np.ndarray | None, max_count: int) -> list[np.ndarray]:
     """Split a message longer than max_count elements (MPI counts are C ints)."""
     if buf is None:
         return []
+    buf = wire(buf)
     if buf.size <= max_count:
         return [buf]
     return [buf[i:i + max_count] for i in range(0, buf.size, max_count)]
@@ -206,8 +207,8 @@ class _Wire(CountedMemory, PrivateMemory, ReceiveThenReduce):
         if function in _ELEMENTWISE and max((a.size for a in arrays), default=0) > self.max_count:
             self._in_pieces(function, args, arrays)
             return
-        self._invoke(function, [MPI.IN_PLACE if a is IN_PLACE else _MPI_OPS[a] if isinstance(a, str) else a
-                                for a in args])
+        self._invoke(function, [MPI.IN_PLACE if a is IN_PLACE else _MPI_OPS[a] if isinstance(a, str) else
+                                wire(a) if isinstance(a, np.ndarray) else a for a in args])
 
     def native_serves(self, count: int, elementwise: bool) -> bool:
         """Whether the library's own collective can take a call of `count` elements."""
@@ -560,7 +561,7 @@ class MPITransport(_Wire):
         mpi_type = None
         if dtype is not None:
             dt = np.dtype(dtype)
-            mpi_type = _type_of_code(CANONICAL.get((dt.kind, dt.itemsize), dt).char)  # predefined: ops work
+            mpi_type = _type_of_code((canonical(dt) or dt).char)  # predefined: ops work
         return getattr(self.comm, function), _MPI_OPS[op] if op else None, MPI.IN_PLACE, mpi_type
 
     def gather_at(self, obj: Any, leader: int = 0) -> list | None:

@@ -1,9 +1,18 @@
-"""Reduction operations: names, numpy kernels and which dtypes each accepts (MPI-4.0 section 6.9.2)."""
+"""Reduction operations: names, numpy kernels and which dtypes each accepts (MPI-4.0 section 6.9.2).
+
+The 16-bit floats (numpy's float16, ml_dtypes' bfloat16: `HALF`) have no predefined MPI
+datatype. They travel as 16-bit words (`wire`), and their SUM, AVG and PROD accumulate in
+float32 (`ACCUMULATOR`): numpy's and ml_dtypes' kernels themselves compute each 16-bit
+addition in float32 and round it, so a chain of 16-bit hops rounds once per hop, and a sum
+kept in float32 rounds once at the end (`ringmpi.schedules.Algorithm.run`).
+"""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
-__all__ = ["OPS", "op_name", "check_op_dtype", "SUPPORTED_DTYPES", "CANONICAL"]
+__all__ = ["OPS", "op_name", "check_op_dtype", "SUPPORTED_DTYPES", "CANONICAL", "HALF", "BFLOAT16", "ACCUMULATOR",
+           "kind", "canonical", "is_half", "wire", "ROUNDING"]
 
 _INT = "iu"
 #: numpy kernel of each predefined MPI operation.
@@ -28,13 +37,22 @@ _VALID_KINDS = {
     "LAND": "iub", "LOR": "iub", "LXOR": "iub",
     "BAND": "iu", "BOR": "iu", "BXOR": "iu", "AVG": "fc",
 }
-#: dtypes with a predefined MPI datatype (numpy's float16/longdouble have none portable).
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+#: the 16-bit floats; numpy sees bfloat16 as a void kind ('V'), `kind` calls it 'f'
+HALF = (np.dtype(np.float16), BFLOAT16)
+#: where the SUM, AVG and PROD of a 16-bit float accumulate
+ACCUMULATOR = np.dtype(np.float32)
+#: the ops whose 16-bit result rounds (MAX and MIN pick an input: exact in any width)
+ROUNDING = ("SUM", "AVG", "PROD")
+#: dtypes ringmpi takes: those with a predefined MPI datatype (numpy's longdouble has none
+#: portable), and the 16-bit floats, which travel as 16-bit words
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (
     "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float32", "float64", "complex64", "complex128", "bool"))
+    "float32", "float64", "complex64", "complex128", "bool")) + HALF
 #: (kind, itemsize) -> the one dtype ringmpi sends for it: numpy's equal-but-distinct dtypes
 #: ('l' and 'q' on LP64) would otherwise reach MPI as different datatypes on different ranks
 CANONICAL = {(d.kind, d.itemsize): d for d in SUPPORTED_DTYPES}
+_WORD = np.dtype(np.uint16)
 
 
 def op_name(op: object) -> str:
@@ -56,8 +74,31 @@ def op_name(op: object) -> str:
     return name
 
 
+def kind(dtype: np.dtype) -> str:
+    """numpy's `dtype.kind`, but 'f' for bfloat16 (a floating type numpy files as void)."""
+    return "f" if dtype == BFLOAT16 else dtype.kind
+
+
+def is_half(dtype: np.dtype) -> bool:
+    """A 16-bit float: float16 or bfloat16."""
+    return dtype.itemsize == 2 and kind(dtype) == "f"
+
+
+def canonical(dtype: np.dtype) -> np.dtype | None:
+    """The one dtype ringmpi sends for `dtype` (`CANONICAL`), or None for one it does not take."""
+    if dtype.kind == "V":
+        return BFLOAT16 if dtype == BFLOAT16 else None
+    return CANONICAL.get((dtype.kind, dtype.itemsize))
+
+
+def wire(buf: np.ndarray) -> np.ndarray:
+    """`buf` as MPI may be handed it: a 16-bit float as 16-bit words (MPI has no bfloat16,
+    and float16 only as an extension), what every other dtype is as it is."""
+    return buf.view(_WORD) if buf.dtype.itemsize == 2 and buf.dtype.kind in "fV" else buf
+
+
 def check_op_dtype(op: str, dtype: np.dtype) -> str | None:
     """Return why `op` is invalid for `dtype`, or None when it is valid."""
-    if dtype.kind not in _VALID_KINDS[op]:
+    if kind(dtype) not in _VALID_KINDS[op]:
         return f"op {op} is not defined for dtype {dtype} (MPI allows it on kinds {_VALID_KINDS[op]!r})"
     return None

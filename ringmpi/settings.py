@@ -31,6 +31,13 @@ choices compare against.
     RINGMPI_PROGRESS     thread (default): a progress thread advances requests (`iallreduce`,
                          persistent `start`) while the caller computes; calls: they advance
                          only inside ringmpi calls (test, wait, any collective)
+    RINGMPI_DETERMINISTIC 1: floating-point SUM, AVG and PROD give the bits of the rank-order
+                         fold ((x0 + x1) + x2) + ... whatever the algorithm, the size, the
+                         hosts (a call's `deterministic=` wins); `auto` chooses among the
+                         algorithms that keep it, and one named that cannot is refused
+    RINGMPI_PARTIALS     what a 16-bit float's partial sums travel as: 32 (default: float32,
+                         one rounding at the end) or 16 (16-bit hops, half the bytes of the
+                         reduce-scatter, a rounding per hop)
 """
 from __future__ import annotations
 
@@ -64,6 +71,8 @@ class Settings:
     stage_chunk: int = 0        # bytes; 0: the staging pipeline's formula
     shm_cma: bool = True
     progress: str = "thread"    # "thread" or "calls" (ringmpi.requests)
+    deterministic: bool = False
+    partials: int = 32          # bits of a 16-bit float's partial sums on the wire: 32 or 16
     generation: int = 0
 
     def forced(self, collective: str) -> str | None:
@@ -121,7 +130,15 @@ def _read(env: dict, generation: int) -> Settings:
                     stall_abort=_seconds(env, "RINGMPI_STALL_ABORT", 600.0),
                     profile=env.get("RINGMPI_PROFILE", ""), cuda_aware=_choice(env, "RINGMPI_CUDA_AWARE"),
                     stage_chunk=_bytes(env, "RINGMPI_STAGE_CHUNK"), shm_cma=_choice(env, "RINGMPI_SHM_CMA") != "0",
-                    progress=_progress(env), generation=generation)
+                    progress=_progress(env), deterministic=_flag(env, "RINGMPI_DETERMINISTIC"),
+                    partials=_partials(env), generation=generation)
+
+
+def _partials(env: dict) -> int:
+    raw = env.get("RINGMPI_PARTIALS", "").strip() or "32"
+    if raw not in ("16", "32"):
+        raise RingmpiUsageError(f"RINGMPI_PARTIALS={raw!r}: expected 32 (float32 partial sums) or 16 (16-bit hops)")
+    return int(raw)
 
 
 def _progress(env: dict) -> str:

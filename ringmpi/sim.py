@@ -263,9 +263,11 @@ class VirtualRank(ReceiveThenReduce):
 
     def native(self, call) -> None:
         """The MPI library's own collective is opaque: the simulator runs the algorithm the
-        collective's spec names as its stand-in (`Collective.simulated_native`)."""
+        collective's spec names as its stand-in (`Collective.simulated_native`): its body,
+        as MPI's own collective is the body of "mpi" (the division of AVG and a 16-bit
+        float's widening are `Algorithm.run`'s, once, around it)."""
         spec = call.collective
-        get(spec.name, spec.simulated_native).run(self, call)
+        get(spec.name, spec.simulated_native).body(self, call)
 
     @property
     def reduced_bytes(self) -> int:
@@ -444,7 +446,7 @@ def run_collective(collective: str, algorithm: str, inputs: list[np.ndarray], *,
     def fn(t: VirtualRank):
         call = spec.make(t.rank, p, inputs[t.rank], op=op if spec.reduces else None, root=root, inplace=inplace)
         itemsize = cl.nbytes(call.send[:1]) if call.count else 1
-        tuned = {**alg.tuned(p, call.count, itemsize, profile), **(params or {})}
+        tuned = {**dict(call.params), **alg.tuned(p, call.count, itemsize, profile), **(params or {})}
         call = call._replace(params=tuple(sorted(tuned.items())))
         if watch:
             t.watch = spec.shown(call)

@@ -1,9 +1,10 @@
 """Independent references for the tests: numpy folds and data generators."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
-from ringmpi.ops import OPS, SUPPORTED_DTYPES, check_op_dtype
+from ringmpi.ops import OPS, SUPPORTED_DTYPES, check_op_dtype, is_half
 
 ALL_OPS = list(OPS)
 DTYPES = [d.name for d in SUPPORTED_DTYPES]
@@ -60,7 +61,28 @@ def mpi_op(op: str):
 
 def tolerance(dtype, p: int) -> float:
     dt = np.dtype(dtype)
-    return 0.0 if dt.kind in "iub" else 16 * p * np.finfo(dt).eps
+    return 0.0 if dt.kind in "iub" else 16 * p * float(ml_dtypes.finfo(dt).eps)
+
+
+def exact_half(op: str, arrays: list[np.ndarray]) -> np.ndarray:
+    """A 16-bit float reduction computed exactly (float64 holds any sum or product of a few
+    16-bit floats without rounding; AVG's division rounds once there), rounded once to the
+    16-bit dtype: what ringmpi's result may differ from by one unit in the last place."""
+    return fold(op, [a.astype(np.float64) for a in arrays]).astype(arrays[0].dtype)
+
+
+def assert_within_ulp(out: np.ndarray, exact: np.ndarray, what: str = "") -> None:
+    """Every element of `out` within one unit in the last place of `exact` (the correctly
+    rounded result), or equal to it where it is not finite."""
+    dt = exact.dtype
+    assert is_half(dt) and out.dtype == dt
+    wide = exact.astype(np.float32)
+    up = np.nextafter(wide.astype(dt), np.array(np.inf, dt)).astype(np.float32)
+    down = np.nextafter(wide.astype(dt), np.array(-np.inf, dt)).astype(np.float32)
+    got = out.astype(np.float32)
+    finite = np.isfinite(wide)
+    ok = ~finite & ((got == wide) | (np.isnan(got) & np.isnan(wide))) | finite & (got >= down) & (got <= up)
+    assert ok.all(), f"{what}: {np.count_nonzero(~ok)} of {ok.size} elements beyond one ulp of the exact result"
 
 
 def assert_close(out: np.ndarray, ref: np.ndarray, dtype, p: int, scale: np.ndarray | None = None, what=""):

@@ -8,6 +8,13 @@ alpha-beta-gamma formula of exactly that code) and, where the algorithm has a kn
 `tune(p, count, itemsize, profile) -> params` (the pipeline's segment count). Modules in
 this package are found and loaded on first use: adding an algorithm is adding a module.
 Every collective also has `mpi`, the MPI library's own (`Transport.native`).
+
+Two call parameters concern the arithmetic rather than an algorithm (`ringmpi.collectives`
+sets them): `partials`, the bytes of a 16-bit float's partial sums (4: float32, 2: 16-bit
+hops), and `deterministic`, the rank-order fold's bits. A body sees a 16-bit float only
+where it can: `run` hands the others the call widened to float32 whole (every message in
+float32, one rounding at the end), and MPI's own always (MPI has no 16-bit float to reduce);
+an `ordered` body folds in rank order, the only kind `deterministic` admits beyond 2 ranks.
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ from typing import Callable
 
 from ..call import Call, block_counts, cdiv, lg, offsets
 from ..cost import FREE, Cost, Profile
+from ..ops import ACCUMULATOR, ROUNDING, is_half
 from ..transport import Transport
 
 __all__ = ["Algorithm", "register", "get", "names", "collectives", "block_counts", "offsets",
@@ -37,20 +45,57 @@ class Algorithm:
     #: why this algorithm cannot run on transport t (None: it can); e.g. shared memory needs
     #: every rank on one host. `auto` leaves such algorithms out; asking for one is an error.
     unavailable: Callable[[Transport], str | None] | None = None
+    #: the body reduces in rank order, ((x0 + x1) + x2) + ...: the bits `deterministic` asks for
+    ordered: bool = False
+    #: the body takes a 16-bit float's float32 partial sums (`partials` 4) itself, and sends
+    #: what it can in 16 bits (the ring: its all-gather); every other body gets the call
+    #: widened whole
+    mixed: bool = False
 
     def why_not(self, t: Transport) -> str | None:
         return None if self.unavailable is None or t.size == 1 else self.unavailable(t)
 
+    def refuses(self, t: Transport, call: Call) -> str | None:
+        """Why this algorithm cannot serve `call` on `t` (`why_not`, or a deterministic call
+        it would add in another order than rank order), or None. Two ranks add in one
+        order whatever the algorithm: x0 + x1 and x1 + x0 are the same bits."""
+        why = self.why_not(t)
+        if why is None and call.param("deterministic") and not self.ordered and t.size > 2:
+            keep = [n for n in names(self.collective) if _REGISTRY[(self.collective, n)].ordered]
+            why = (f"it adds in its own order, not rank order, so it cannot give the deterministic bits at {t.size} "
+                   f"ranks; use {' or '.join(repr(n) for n in keep)}, or 'auto'")
+        return why
+
+    def widens(self, call: Call) -> bool:
+        """Whether the body gets `call` widened to float32: a 16-bit float whose reduction
+        rounds, with float32 partial sums, on a body that is not `mixed`; and MPI's own for
+        any reduction of a 16-bit float."""
+        if call.op is None or not is_half(call.dtype):
+            return False
+        if self.name == NATIVE:
+            return True
+        return call.op in ROUNDING and call.param("partials", ACCUMULATOR.itemsize) > call.itemsize and not self.mixed
+
     def run(self, t: Transport, call: Call) -> None:
         """Run the body; on one rank every collective is a local copy (or nothing). AVG is
         a SUM (the bodies reduce with it as with SUM) divided by the rank count at the end,
-        once, where the result is: the same bits on every rank."""
+        once, where the result is: the same bits on every rank. A call `widens` runs on
+        float32 copies, divided there, and rounds once into the 16-bit result."""
+        if t.size > 1 and self.widens(call):
+            send = t.empty(call.send.size, ACCUMULATOR)
+            t.copy(call.send, send)
+            recv = None if call.recv is None else t.empty(call.recv.size, ACCUMULATOR)
+            self.run(t, call._replace(send=send, recv=recv, inplace=False))
+            if recv is not None:
+                t.copy(recv, call.recv)
+            return
         if t.size == 1:
             if not call.inplace and call.recv is not None:
                 t.copy(call.send, call.recv)
         else:
             self.body(t, call)
-        if call.op == "AVG" and call.recv is not None:
+        if call.op == "AVG" and call.recv is not None and not (self.mixed and t.size > 1 and
+                                                               call.param("partials", 0) > call.itemsize):
             t.scale(call.recv, t.size)
 
     def tuned(self, p: int, count: int, itemsize: int, prof: Profile) -> dict:
@@ -58,8 +103,13 @@ class Algorithm:
         return self.tune(p, count, itemsize, prof) if self.tune is not None else {}
 
     def formula(self, p: int, count: int, itemsize: int, **params) -> Cost:
+        """The cost of the body on this call; with `partials` wider than the items (a
+        16-bit float with float32 partial sums) a body not `mixed` moves and reduces
+        float32 (the widening and the rounding are local copies, outside the model)."""
         if self.cost is None:
             raise ValueError(f"{self.collective}/{self.name} has no formula (the MPI library's own is measured)")
+        if params.get("partials", 0) > itemsize and not self.mixed:
+            itemsize = params["partials"]
         return FREE if p == 1 else self.cost(p, count, itemsize, **params)
 
     def predict(self, p: int, count: int, itemsize: int, prof: Profile, **params) -> float | None:
@@ -81,10 +131,11 @@ _LOADING = threading.RLock()     # (re-entrant: a module that asks the registry 
 
 def register(collective: str, name: str, cost: Callable[..., Cost] | None = None,
              tune: Callable[[int, int, int, Profile], dict] | None = None,
-             unavailable: Callable[[Transport], str | None] | None = None):
+             unavailable: Callable[[Transport], str | None] | None = None, *, ordered: bool = False,
+             mixed: bool = False):
     """Decorator: register `body(t, call)` as algorithm `name` of `collective`."""
     def deco(fn: Callable[[Transport, Call], None]) -> Callable[[Transport, Call], None]:
-        _REGISTRY[(collective, name)] = Algorithm(collective, name, fn, cost, tune, unavailable)
+        _REGISTRY[(collective, name)] = Algorithm(collective, name, fn, cost, tune, unavailable, ordered, mixed)
         return fn
     return deco
 

@@ -9,7 +9,8 @@ cost one latency and (p-1) messages' worth of bandwidth on the root's link:
     reduce_scatter = reduce to rank 0 + scatter; allgather = gather to rank 0 + broadcast.
 
 Two rounds only, so it wins for tiny messages; the root's traffic grows as (p-1) n, which
-is the parameter server's bottleneck. The root reduces in rank order, one fixed order.
+is the parameter server's bottleneck. The root reduces in rank order, ((x0 + x1) + x2) + ...,
+whichever rank it is: the bits of the deterministic mode at any p (`ordered`).
 """
 from __future__ import annotations
 
@@ -29,10 +30,15 @@ def fan_in_reduce(t, sendbuf, acc, op, root) -> None:
     scratch = t.empty(n * len(others), sendbuf.dtype)
     parts = {q: scratch[i * n:(i + 1) * n] for i, q in enumerate(others)}
     t.exchange([], [(parts[q], q) for q in others])
-    # root's own vector first, then the others in rank order; reading sendbuf only in the
-    # first combine keeps an in-place root correct.
-    t.combine(op, sendbuf, parts[others[0]], acc)
-    for q in others[1:]:
+    # In rank order. An in-place root (acc is sendbuf) past rank 0 would overwrite its own
+    # vector before its turn: it folds from a copy.
+    if root and acc is sendbuf:
+        parts[root] = t.empty(n, sendbuf.dtype)
+        t.copy(sendbuf, parts[root])
+    else:
+        parts[root] = sendbuf
+    t.combine(op, parts[0], parts[1], acc)
+    for q in range(2, p):
         t.combine(op, acc, parts[q], acc)
 
 
@@ -52,13 +58,14 @@ def _cost(p, fan_in: float, fan_out_bytes: float, reduced: float) -> Cost:
 
 
 @register("allreduce", "naive", lambda p, count, itemsize, **_: _cost(p, count * itemsize, count * itemsize,
-                                                                      (p - 1) * count * itemsize))
+                                                                      (p - 1) * count * itemsize), ordered=True)
 def allreduce(t, call):
     fan_in_reduce(t, call.send, call.recv, call.op, 0)
     fan_out(t, call.recv, 0)
 
 
-@register("reduce", "naive", lambda p, count, itemsize, **_: _cost(p, count * itemsize, 0, (p - 1) * count * itemsize))
+@register("reduce", "naive", lambda p, count, itemsize, **_: _cost(p, count * itemsize, 0, (p - 1) * count * itemsize),
+          ordered=True)
 def reduce(t, call):
     fan_in_reduce(t, call.send, call.recv, call.op, call.root)
 
@@ -70,7 +77,7 @@ def broadcast(t, call):
 
 # reduce-scatter: the root's fan-out sends one block (not the vector) to every leaf
 @register("reduce_scatter", "naive", lambda p, count, itemsize, **_: _cost(
-    p, count * itemsize, cdiv(count, p) * itemsize, (p - 1) * count * itemsize))
+    p, count * itemsize, cdiv(count, p) * itemsize, (p - 1) * count * itemsize), ordered=True)
 def reduce_scatter(t, call):
     p, r = t.size, t.rank
     off = offsets(call.counts)

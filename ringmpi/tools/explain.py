@@ -3,6 +3,7 @@
     ringmpi sim table [--collective allreduce] [--workers 4]      symbolic state after every round
     ringmpi sim traffic [--size 256K] [--workers 2,4,8,16,64]     bytes and rounds per algorithm
     ringmpi sim time --size 1M --workers 8 [--alpha 5us --bandwidth 25GB/s] [--straggler 1.5]
+    ringmpi sim accuracy [--workers 2,...,1024] [--plot a.png]  rounding error of every order
     ringmpi model predict --size 64M --workers 8                  every algorithm's time
     ringmpi model segments --size 64e6 --workers 8                best S of the pipelined broadcast
     ringmpi model crossover --workers 8                           where algorithms overtake each other
@@ -140,6 +141,9 @@ def _sim(ns) -> int:
         print(symbolic_table(ns.collective, ns.workers[0], ns.segments or 4))
     elif ns.what == "traffic":
         print(traffic_table(ns.size, ns.workers))
+    elif ns.what == "accuracy":
+        from .precision import main
+        return main(ns)
     else:
         print(time_table(ns.collective, ns.size, ns.workers, _profile(ns), segments=ns.segments, data=ns.data,
                          straggler=ns.straggler, slow_links=dict(ns.slow_link), overhead=ns.overhead))
@@ -346,7 +350,7 @@ def add_parser(sub, name: str, text: str = "") -> None:
     fmt = argparse.ArgumentDefaultsHelpFormatter
     if name == "sim":
         s = sub.add_parser("sim", help=text, description=__doc__.split("\n\n")[0], formatter_class=fmt)
-        s.add_argument("what", choices=["table", "traffic", "time"], help="which table")
+        s.add_argument("what", choices=["table", "traffic", "time", "accuracy"], help="which table")
         _common(s)
         s.add_argument("--data", action="store_true",
                        help="time: run with random data and check the results (default: phantom buffers, timing only)")
@@ -355,6 +359,10 @@ def add_parser(sub, name: str, text: str = "") -> None:
         s.add_argument("--slow-link", type=_link, action="append", default=[], metavar="SRC:DST=FACTOR",
                        help="time: one link direction FACTOR times slower (repeatable)")
         s.add_argument("--overhead", type=args.time, default=0.0, help="time: per-message CPU overhead (LogP's o)")
+        s.add_argument("--count", type=_count, default=4096, help="accuracy: elements per rank")
+        s.add_argument("--values", choices=["uniform", "normal"], default="uniform",
+                       help="accuracy: the random data (uniform in [0, 1): well conditioned sums)")
+        s.add_argument("--plot", default="", metavar="FILE", help="accuracy: also plot the maximum error against p")
         s.set_defaults(func=_sim)
         return
     m = sub.add_parser("model", help=text, description=__doc__.split("\n\n")[0], formatter_class=fmt)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import DTYPES, assert_close, fold, make_data, mpi_op, valid_ops
+from helpers import DTYPES, assert_close, assert_within_ulp, exact_half, fold, make_data, mpi_op, valid_ops
 from mpi4py import MPI
 
 import ringmpi
+from ringmpi.ops import ROUNDING, is_half
 from ringmpi.schedules import block_counts, offsets
 
 COMM = MPI.COMM_WORLD
@@ -26,10 +27,13 @@ def same_everywhere(x: np.ndarray, what: str) -> None:
 
 
 def reference(op: str, x: np.ndarray):
-    """(exact numpy fold in rank order, MPI library's Allreduce, sum of |x| for tolerances)."""
+    """(exact numpy fold in rank order, MPI library's Allreduce, sum of |x| for tolerances).
+    A 16-bit float: its exact result rounded once (MPI has no 16-bit float to reduce)."""
     xs = gather_all(x)
     exact = fold(op, xs)
     mpi_out, scale = exact, None
+    if is_half(x.dtype):
+        return (exact_half(op, xs), None, None) if op in ROUNDING else (exact, exact, None)
     if x.dtype.kind in "fc":
         mpi_out = np.empty_like(x)
         COMM.Allreduce(x, mpi_out, op=getattr(MPI, "SUM" if op == "AVG" else op))
@@ -40,8 +44,11 @@ def reference(op: str, x: np.ndarray):
 
 
 def check_reduction(out, exact, mpi_out, scale, dtype, what):
-    """Floats: within p-scaled rounding of MPI's own result; integers: the exact fold."""
-    if np.dtype(dtype).kind in "fc":
+    """Floats: within p-scaled rounding of MPI's own result; 16-bit floats: within one ulp of
+    the exact result; integers: the exact fold."""
+    if mpi_out is None:
+        assert_within_ulp(out, exact, what)
+    elif np.dtype(dtype).kind in "fc":
         assert_close(out, mpi_out, dtype, P, scale, what + " vs MPI")
     else:
         assert np.array_equal(out, exact), f"{what}: differs from the exact fold"
@@ -87,7 +94,7 @@ def test_allreduce_exact_floats(algorithm, dtype, rng):
         assert np.array_equal(out, exact), f"{algorithm} {dtype} {op}"
 
 
-@pytest.mark.parametrize("dtype", ["int64", "float32", "complex128", "bool"])
+@pytest.mark.parametrize("dtype", ["int64", "float32", "complex128", "bool", "float16", "bfloat16"])
 @pytest.mark.parametrize("algorithm", algos("reduce_scatter"))
 def test_reduce_scatter(algorithm, dtype, rng):
     for op in valid_ops(dtype):
@@ -101,12 +108,12 @@ def test_reduce_scatter(algorithm, dtype, rng):
             out = ringmpi.reduce_scatter(x, op=op, algorithm=algorithm)
             assert out.shape == (off[R + 1] - off[R],)
             assert np.array_equal(x, keep), what + ": sendbuf modified"
-            check_reduction(out, exact[blk], mpi_out[blk], sl(scale, blk), dtype, what)
+            check_reduction(out, exact[blk], sl(mpi_out, blk), sl(scale, blk), dtype, what)
             y = x.copy()
             view = ringmpi.reduce_scatter(y, y, op=op, algorithm=algorithm)
             assert np.shares_memory(view, y) or view.size == 0
             assert np.array_equal(y[blk], view)
-            check_reduction(view, exact[blk], mpi_out[blk], sl(scale, blk), dtype, what + " in place")
+            check_reduction(view, exact[blk], sl(mpi_out, blk), sl(scale, blk), dtype, what + " in place")
 
 
 @pytest.mark.parametrize("algorithm", algos("reduce_scatter"))
@@ -121,7 +128,7 @@ def test_reduce_scatter_uneven_counts(algorithm, rng):
     assert np.array_equal(out, exact[off[R]:off[R + 1]])
 
 
-@pytest.mark.parametrize("dtype", ["int16", "float64", "complex64", "bool"])
+@pytest.mark.parametrize("dtype", ["int16", "float64", "complex64", "bool", "bfloat16"])
 @pytest.mark.parametrize("algorithm", algos("allgather"))
 def test_allgather(algorithm, dtype, rng):
     for n in sorted({0, 1, 3, P + 2}):
@@ -146,7 +153,7 @@ def test_allgather_uneven(algorithm, rng):
     assert np.array_equal(out, ref)
 
 
-@pytest.mark.parametrize("dtype", ["uint64", "float32", "complex128", "bool"])
+@pytest.mark.parametrize("dtype", ["uint64", "float32", "complex128", "bool", "bfloat16"])
 @pytest.mark.parametrize("algorithm", algos("broadcast"))
 def test_broadcast(algorithm, dtype, rng):
     for n in COUNTS + [1000]:
@@ -160,7 +167,7 @@ def test_broadcast(algorithm, dtype, rng):
                 assert np.array_equal(y, ref), f"broadcast/{algorithm} n={n} root={root} S={segments}"
 
 
-@pytest.mark.parametrize("dtype", ["int8", "float64", "complex64"])
+@pytest.mark.parametrize("dtype", ["int8", "float64", "complex64", "bfloat16"])
 @pytest.mark.parametrize("algorithm", algos("reduce"))
 def test_reduce(algorithm, dtype, rng):
     for op in valid_ops(dtype):
@@ -184,7 +191,7 @@ def test_reduce(algorithm, dtype, rng):
                     assert np.array_equal(y, x), what + ": non-root buffer modified"
 
 
-@pytest.mark.parametrize("dtype", ["int32", "float64", "complex64", "uint8", "bool"])
+@pytest.mark.parametrize("dtype", ["int32", "float64", "complex64", "uint8", "bool", "float16"])
 @pytest.mark.parametrize("algorithm", algos("alltoall"))
 def test_alltoall(algorithm, dtype, rng):
     """Against MPI_Alltoall: blocks of 0, 1, 2, p+1 and 7 elements, out of place, in place,
