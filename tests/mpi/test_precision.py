@@ -134,3 +134,20 @@ def test_bfloat16_is_ml_dtypes_bfloat16(rng):
     out = ringmpi.allreduce(x, op="max")
     assert out.dtype == np.dtype(ml_dtypes.bfloat16)
     assert np.array_equal(out.astype(np.float32), np.max([a.astype(np.float32) for a in COMM.allgather(x)], axis=0))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_sixteen_bit_requests_and_repeated_calls(dtype, rng):
+    """A 16-bit all-reduce as a request (MPI's own included: widened around its nonblocking
+    collective), as a persistent request, and repeated on the same arrays (the kept plans):
+    the blocking call's bits every time."""
+    x = make_data(rng, dtype, 5000, "SUM")
+    for algorithm in ["mpi", "ring", "ordered", "rabenseifner"]:
+        want = ringmpi.allreduce(x, algorithm=algorithm)
+        y = np.empty_like(x)
+        for _ in range(4):
+            assert ringmpi.allreduce(x, y, algorithm=algorithm).tobytes() == want.tobytes(), algorithm
+            assert ringmpi.iallreduce(x, y, algorithm=algorithm).wait().tobytes() == want.tobytes(), algorithm
+        with ringmpi.allreduce_init(x, y, algorithm=algorithm) as bound:
+            for _ in range(3):
+                assert bound.start().wait().tobytes() == want.tobytes(), algorithm
