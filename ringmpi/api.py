@@ -466,9 +466,15 @@ def _one_library_call(t: Any, spec: Any, alg: Any, call: Call) -> bool:
     library's nonblocking or persistent collective then serves the request as it is): not
     MAX/MIN of floats (NaN keys before and after), nor above the C-int count limit (in
     pieces), nor a reduce-scatter in place or with an empty result (a copy after)."""
-    return alg.cost is None and t.size > 1 and call.count <= t.max_count and not is_half(call.dtype) and not (
-        call.op in ("MAX", "MIN") and call.dtype.kind == "f") and not (
+    return alg.cost is None and t.size > 1 and call.count <= t.max_count and _library_takes(call) and not (
         spec.name == "reduce_scatter" and (call.inplace or call.recv.size == 0 or len(set(call.counts)) != 1))
+
+
+def _library_takes(call: Call) -> bool:
+    """Whether MPI's own collective takes the call's buffers as they are: not MAX/MIN of
+    floats (NaN keys before and after), nor a 16-bit float (16-bit words, widened for a
+    reduction: `schedules.Algorithm.run`)."""
+    return not (call.op in ("MAX", "MIN") and call.dtype.kind == "f") and not is_half(call.dtype)
 
 
 def _resolve_request(e: Edge, spec: Any, algorithm: str, call: Call, on: Any) -> tuple[Any, Call]:
@@ -709,8 +715,8 @@ def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice:
     else the body after a fresh validation of the buffers (the arguments are known good).
     Under a tuner every call counts down to the next timed one (`monitored`). `dev`: the
     call is on device buffers, which never go to MPI without their transport."""
-    if dev is None and alg.cost is None and t.native_serves(call.count, spec.elementwise) and call.op != "AVG" and not (
-            call.op in ("MAX", "MIN") and call.dtype.kind == "f") and not is_half(call.dtype):
+    if dev is None and alg.cost is None and t.native_serves(call.count, spec.elementwise) and call.op != "AVG" and \
+            _library_takes(call):
         fast = spec.direct(t, call, args, choice, slow, tuner)
         if fast is not None:
             return fast

@@ -13,7 +13,8 @@ it and never see user-facing arguments (shapes, `None` receive buffers, MPI obje
     counts      block sizes, one per rank (reduce-scatter, all-gather, all-to-all) or ()
     inplace     the result overwrites the input (MPI_IN_PLACE semantics of the collective)
     params      algorithm tunables, e.g. (("segments", 16),): filled by the algorithm's
-                `tune` hook unless the caller gave them
+                `tune` hook unless the caller gave them; and the arithmetic's (`partials`,
+                `deterministic`: `ringmpi.schedules`)
 """
 from __future__ import annotations
 
@@ -38,6 +39,12 @@ class Call(NamedTuple):
             if k == name:
                 return v
         return default
+
+    @property
+    def wide_partials(self) -> bool:
+        """A 16-bit float whose partial sums are kept wider than its items (`partials`, the
+        bytes of a partial sum, set by `collectives.arithmetic`: 4, float32)."""
+        return self.param("partials", 0) > self.itemsize
 
     @property
     def dtype(self) -> Any:

@@ -515,6 +515,14 @@ def _remember(m: Memo, plan: Any, sendbuf: Any, recvbuf: Any, extra: Any, comm: 
     m.send_dtype, m.recv_dtype = sendbuf.dtype, None if recvbuf is None else recvbuf.dtype
 
 
+def _with_mode(op: Any, deterministic: bool | None) -> tuple[Any, Any]:
+    """A reduction's other arguments as its memo compares them and as its plan key holds
+    them: the op alone (what the hot path tests by identity) unless `deterministic` is given."""
+    if deterministic is None:
+        return op, id(op)
+    return (op, deterministic), (id(op), deterministic)
+
+
 def _through(m: Memo, plan: Any, sendbuf: Any, recvbuf: Any, extra: Any, comm: Any, algorithm: Any) -> Any:
     """Run a plan found by its key, and remember the call in memo `m`, unless the arrays
     remembered last had died by this call: a loop that passes new arrays every call would
@@ -574,9 +582,8 @@ def allreduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any
                                                    recvbuf is sendbuf if m.recv is True else
                                                    m.recv() is recvbuf and recvbuf.dtype is m.recv_dtype):
         return plan(sendbuf, recvbuf)
-    extra = op if deterministic is None else (op, deterministic)
-    plan = PLANS.get(key := _key(True, _ALLREDUCE, comm, algorithm, id(op) if deterministic is None else
-                                 (id(op), deterministic), sendbuf, recvbuf))
+    extra, keyed = _with_mode(op, deterministic)
+    plan = PLANS.get(key := _key(True, _ALLREDUCE, comm, algorithm, keyed, sendbuf, recvbuf))
     if plan is None:
         return execute(_ALLREDUCE, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, op=op,
                                                          deterministic=deterministic), key)
@@ -597,12 +604,11 @@ def reduce_scatter(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op
     Example (mpirun -n 2):
         >>> ringmpi.reduce_scatter(np.ones(4))      # [2., 2.] on both ranks
     """
-    extra = op if deterministic is None else (op, deterministic)
+    extra, keyed = _with_mode(op, deterministic)
     plan = _remembered(_LAST_REDUCE_SCATTER, sendbuf, recvbuf, extra, comm, algorithm) if counts is None else None
     if plan is not None:
         return plan(sendbuf, recvbuf)
-    plan = PLANS.get(key := _key(counts is None, _REDUCE_SCATTER, comm, algorithm, id(op) if deterministic is None
-                                 else (id(op), deterministic), sendbuf, recvbuf))
+    plan = PLANS.get(key := _key(counts is None, _REDUCE_SCATTER, comm, algorithm, keyed, sendbuf, recvbuf))
     if plan is None:
         return execute(_REDUCE_SCATTER, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, op=op, counts=counts,
                                                               deterministic=deterministic), key)

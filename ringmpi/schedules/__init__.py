@@ -74,7 +74,7 @@ class Algorithm:
             return False
         if self.name == NATIVE:
             return True
-        return call.op in ROUNDING and call.param("partials", ACCUMULATOR.itemsize) > call.itemsize and not self.mixed
+        return call.op in ROUNDING and call.wide_partials and not self.mixed
 
     def run(self, t: Transport, call: Call) -> None:
         """Run the body; on one rank every collective is a local copy (or nothing). AVG is
@@ -94,8 +94,7 @@ class Algorithm:
                 t.copy(call.send, call.recv)
         else:
             self.body(t, call)
-        if call.op == "AVG" and call.recv is not None and not (self.mixed and t.size > 1 and
-                                                               call.param("partials", 0) > call.itemsize):
+        if call.op == "AVG" and call.recv is not None and not (self.mixed and t.size > 1 and call.wide_partials):
             t.scale(call.recv, t.size)
 
     def tuned(self, p: int, count: int, itemsize: int, prof: Profile) -> dict:

@@ -122,7 +122,7 @@ def allreduce_part(t, call, off, part: tuple[int, int] | None = None) -> None:
     float with float32 partials (`partials` wider than its items): the reduce-scatter on a
     float32 copy, the owned block divided (AVG) and rounded there, the all-gather in 16 bits."""
     recv, blk = call.recv, blocks_of(off, part)
-    if call.param("partials", 0) > call.itemsize:
+    if call.wide_partials:
         acc = t.empty(call.send.size, ACCUMULATOR)
         t.copy(call.send, acc)
         own = reduce_scatter_phase(t, acc, blk, call.op, lambda i, c: acc[blk[c]])

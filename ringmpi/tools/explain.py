@@ -125,7 +125,13 @@ def traffic_table(nbytes: int, workers: list[int]) -> str:
 
 
 def _workers(ns, command: str) -> None:
-    """--nodes N with --per-node K: the world sizes are N x K."""
+    """--nodes N with --per-node K: the world sizes are N x K; without --workers, 8 (the
+    accuracy study: every power of two to 1024)."""
+    if ns.workers is None and command == "sim accuracy":
+        from .precision import DEFAULT_WORKERS
+        ns.workers = list(DEFAULT_WORKERS)
+    elif ns.workers is None:
+        ns.workers = [8]
     if ns.nodes:
         if not ns.per_node:
             args.fail(command, f"--nodes {ns.nodes}: give --per-node too (ranks on each node)")
@@ -296,7 +302,8 @@ def _common(p) -> None:
                    help="link bandwidth B = 1/beta (decimal GB/s)")
     p.add_argument("--reduce-rate", type=args.rate, default=0.0,
                    help="bytes reduced per second (1/gamma; 0: free)")
-    p.add_argument("--workers", "-p", type=args.int_list, default=[8], help="comma-separated world sizes")
+    p.add_argument("--workers", "-p", type=args.int_list, default=None,
+                   help="comma-separated world sizes (default 8; sim accuracy: 2,4,...,1024)")
     p.add_argument("--size", type=args.size, default="64M", help=f"message size ({SIZE_HELP})")
     p.add_argument("--collective", choices=list(SPECS), default="allreduce", help="collective")
     p.add_argument("--segments", type=int, default=0,

@@ -121,7 +121,7 @@ def plot(results: dict, path: str) -> None:
 
 
 def main(ns) -> int:
-    workers = ns.workers if ns.workers != [8] else DEFAULT_WORKERS
+    workers = ns.workers
     results = study(workers, ns.count, ns.values)
     print(f"# all-reduce of {ns.count} elements per rank, {ns.values} data, virtual cluster (real data); error "
           "against math.fsum of the inputs, relative to the sum of their magnitudes")

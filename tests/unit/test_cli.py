@@ -118,3 +118,11 @@ def test_hosts_are_spelled_for_the_launcher(tmp_path, monkeypatch):
     assert launch.mpirun_command(2, ["prog"], hosts="a:1,b:1")[-3:] == ["--host", "a:1,b:1", "prog"]
     monkeypatch.setattr(launch, "is_open_mpi", lambda cmd: False)
     assert launch.mpirun_command(2, ["prog"], hosts="a:1,b:1") == ["mpiexec", "-n", "2", "-hosts", "a:1,b:1", "prog"]
+
+
+def test_sim_accuracy_takes_the_workers_given():
+    """`--workers 8` is the ranks asked for, not the default list of the study."""
+    proc = ringmpi(["sim", "accuracy", "--workers", "8", "--count", "64"])
+    assert proc.returncode == 0, proc.stderr
+    head = next(ln for ln in proc.stdout.splitlines() if ln.startswith("relative error"))
+    assert head.split()[-1] == "p=8" and head.count("p=") == 1, head
