@@ -15,6 +15,7 @@ with float32 partial sums (the default) and with 16-bit hops (partials 2), side 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
@@ -94,7 +95,7 @@ def main() -> None:
             def run(a=a, b=b, bits=bits):
                 # the partials are a setting: the ring's call made under it (its plan keeps it)
                 if settings.settings().partials != bits:
-                    settings.reload({"RINGMPI_PARTIALS": str(bits)})
+                    settings.reload({**os.environ, "RINGMPI_PARTIALS": str(bits)})
                 ringmpi.allreduce(a, b, algorithm="ring")
             runners[name] = run
             run()

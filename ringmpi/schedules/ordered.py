@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from ..cost import Cost
 from . import block_counts, cdiv, offsets, register
-from .ring import allgather_phase, blocks_of
+from .ring import allgather_phase, blocks_of, blocks_to_root
 
 __all__ = ["fold_blocks"]
 
@@ -47,7 +47,7 @@ def fold_blocks(t, send, counts, op, out, inplace: bool = False) -> None:
     if inplace and r >= 1:   # `out` is about to take rank 0's block: this rank's own goes aside
         mine = t.empty(w, send.dtype)
         t.copy(send[off[r]:off[r + 1]], mine)
-    kept = t.empty(w * (p - 1 - r), send.dtype)
+    kept = t.empty(w * (p - 1 - r) if r else 0, send.dtype)   # (rank 0 keeps none)
     landing = t.empty(w, send.dtype)
     for k in range(1, p):
         frm, to = (r + k) % p, (r - k) % p
@@ -106,7 +106,4 @@ def reduce(t, call):
     off = offsets(counts)
     mine = call.recv[off[r]:off[r + 1]] if r == root else t.empty(counts[r], call.dtype)
     fold_blocks(t, call.send, counts, call.op, mine, call.inplace)
-    if r == root:
-        t.exchange([], [(call.recv[off[q]:off[q + 1]], q) for q in range(p) if q != root])
-    else:
-        t.exchange([(mine, root)], [])
+    blocks_to_root(t, call, off, mine, at_root=r == root)

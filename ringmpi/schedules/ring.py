@@ -42,7 +42,7 @@ from ..ops import ACCUMULATOR
 from . import block_counts, cdiv, offsets, register
 
 __all__ = ["reduce_scatter_phase", "allgather_phase", "allreduce_part", "reduce_scatter_part", "blocks_of",
-           "segment_counts"]
+           "blocks_to_root", "segment_counts"]
 
 
 def blocks_of(off, part: tuple[int, int] | None = None) -> list[slice]:
@@ -176,14 +176,23 @@ def _reduce_cost(p, count, itemsize, **_):
 @register("reduce", "ring", _reduce_cost)
 def reduce(t, call):
     """Ring reduce-scatter, then every rank sends its reduced block to the root."""
-    p, r, root = t.size, t.rank, call.root
+    p, r = t.size, t.rank
     counts = block_counts(call.count, p)
     off = offsets(counts)
     mine = t.empty(counts[r], call.dtype)
     reduce_scatter(t, call._replace(recv=mine, counts=tuple(counts), inplace=False))
+    blocks_to_root(t, call, off, mine)
+
+
+def blocks_to_root(t, call, off, mine, at_root: bool = False) -> None:
+    """The second half of a reduce by reduce-scatter: every rank's reduced block `mine` (the
+    blocks `off`) to the root's result, at once; the root's own copied there, unless it was
+    reduced there already (`at_root`)."""
+    p, r, root = t.size, t.rank, call.root
     if r == root:
         t.exchange([], [(call.recv[off[q]:off[q + 1]], q) for q in range(p) if q != root])
-        t.copy(mine, call.recv[off[r]:off[r + 1]])
+        if not at_root:
+            t.copy(mine, call.recv[off[r]:off[r + 1]])
     else:
         t.exchange([(mine, root)], [])
 
