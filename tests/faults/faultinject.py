@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ringmpi.dp.checkpoint import checkpoints
+from ringmpi.dp.checkpoint import NAME, checkpoints
 
 __all__ = ["Kill", "killer", "launch", "rank_pid", "clean_environment", "steps_seen", "DIGEST"]
 
@@ -64,14 +64,20 @@ def rank_pid(rank: int, marker: str) -> int | None:
     return None
 
 
-def killer(ckdir: Path, rank: int, delay: float) -> tuple[threading.Thread, Kill]:
-    """A thread that waits for the first checkpoint in `ckdir`, then `delay` s, then kills
-    `rank` of the trainer started with `--checkpoint ckdir`."""
+def killer(ckdir: Path, rank: int, delay: float, after: int = 0) -> tuple[threading.Thread, Kill]:
+    """A thread that waits for a checkpoint in `ckdir` of step `after` or later (0: the
+    first one), then `delay` s, then kills `rank` of the trainer started with `--checkpoint
+    ckdir`. (A kill timed from the first checkpoint alone can come after the last step on a
+    fast machine: the rank is killed while it exits, and the run has lost nothing.)"""
     kill = Kill(rank)
+
+    def newest_step() -> int:
+        found = checkpoints(ckdir)
+        return int(NAME.match(found[0].name).group(1)) if found else -1
 
     def run() -> None:
         end = time.monotonic() + 120
-        while not checkpoints(ckdir) and time.monotonic() < end:
+        while newest_step() < max(after, 0) and time.monotonic() < end:
             time.sleep(0.005)
         time.sleep(delay)
         pid = rank_pid(rank, str(ckdir))

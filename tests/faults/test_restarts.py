@@ -25,6 +25,9 @@ from ringmpi.tools.launch import find_mpirun, is_open_mpi
 RANKS = 4
 EVERY = 5
 #: about 17 ms a step at 4 ranks on 2 cores: a few seconds of training, time for a kill
+#: a kill comes after a random checkpoint before this step (then up to 0.1 s): well inside
+#: the 150 steps, however fast they run (6 ms each on an idle machine)
+KILL_BY = 100
 TRAIN = ["--steps", "150", "--sizes", "64,256,256,4", "--samples", "2048",
          "--batch", "256", "--checkpoint-every", str(EVERY)]
 
@@ -44,11 +47,11 @@ def reference(tmp_path_factory) -> str:
 
 def test_restart_after_a_kill_gives_the_uninterrupted_digest(tmp_path, reference):
     rng = random.Random()
-    rank, delay = rng.randrange(RANKS), rng.uniform(0.0, 1.0)
-    th, kill = killer(tmp_path, rank, delay)
+    rank, after, delay = rng.randrange(RANKS), rng.randrange(EVERY, KILL_BY, EVERY), rng.uniform(0.0, 0.1)
+    th, kill = killer(tmp_path, rank, delay, after)
     rc, out, _ = launch(tmp_path, "--restarts", "2", train=TRAIN)
     th.join(5)
-    what = f"(rank {rank} killed {delay:.2f} s after the first checkpoint: {kill})\n{out[-4000:]}"
+    what = f"(rank {rank} killed {delay:.2f} s after the checkpoint of step {after} or later: {kill})\n{out[-4000:]}"
     assert not kill.missed and rc == 0, what
     assert DIGEST.findall(out) == [reference], what
     assert re.search(rf"attempt 1 of 3 failed \(launcher exit status \d+\): rank {rank} \(pid {kill.pid} on \S+\) "
@@ -112,12 +115,13 @@ def test_survivors_go_on_after_a_lost_rank_with_ulfm(tmp_path, tmp_path_factory,
     ref_dir = tmp_path_factory.mktemp("ulfm-reference")
     rc, ref_out, _ = launch(ref_dir, "--fault-tolerant", train=TRAIN + flags)
     assert rc == 0, ref_out[-3000:]
-    rank = 0 if who == "rank 0" else random.Random().randrange(1, RANKS)
-    delay = random.Random().uniform(0.0, 1.0)
-    th, kill = killer(tmp_path, rank, delay)
+    rng = random.Random()
+    rank = 0 if who == "rank 0" else rng.randrange(1, RANKS)
+    after, delay = rng.randrange(EVERY, KILL_BY, EVERY), rng.uniform(0.0, 0.1)
+    th, kill = killer(tmp_path, rank, delay, after)
     rc, out, seen = launch(tmp_path, "--fault-tolerant", train=TRAIN + flags)
     th.join(5)
-    what = f"(rank {rank} killed {delay:.2f} s after the first checkpoint: {kill})\n{out[-4000:]}"
+    what = f"(rank {rank} killed {delay:.2f} s after the checkpoint of step {after} or later: {kill})\n{out[-4000:]}"
     assert not kill.missed and rc == 0, what
     lost = [(at, ln) for at, ln in seen if re.match(rf"# rank {rank} of 4 lost in step \d+: going on with 3 ranks", ln)]
     assert len(lost) == 1 and lost[0][0] - kill.at < 5, what
