@@ -9,7 +9,9 @@ to come back after a SIGKILL with restarts, and with ULFM's shrink.
    their ratio, the spread, and the copy each checkpoint takes on the step (the trainer's
    line: the write itself runs on a thread);
 2. restarts: `ringmpi.launch --restarts 2`, 150 steps of the small model, checkpoints every
-   5, one rank (random) SIGKILLed a random 0-1 s after the first checkpoint; per run: the
+   5, one rank (random) SIGKILLed up to 0.1 s after a random checkpoint before step 100
+   (a kill timed from the first checkpoint alone can land after the last step: the whole
+   run takes under a second on a quick machine); per run: the
    step reached before the kill, the step resumed at, seconds from the kill to the resumed
    run's first line, the whole job's seconds against an uninterrupted run's, and whether
    `params sha256` equals the uninterrupted run's;
@@ -32,7 +34,8 @@ from faultinject import DIGEST, killer, launch, steps_seen  # noqa: E402
 
 BIG = ["--sizes", "512,2048,1024,10", "--dtype", "float32", "--batch", "2048", "--samples", "4096", "--steps", "40",
        "--quiet"]
-SMALL = ["--steps", "150", "--sizes", "64,256,256,4", "--samples", "2048", "--batch", "256", "--checkpoint-every", "5"]
+EVERY, KILL_BY = 5, 100
+SMALL = ["--steps", "150", "--sizes", "64,256,256,4", "--samples", "2048", "--batch", "256", "--checkpoint-every", str(EVERY)]
 
 
 def ms_per_step(out: str) -> float:
@@ -70,9 +73,9 @@ def checkpoint_cost(repeats: int, ranks: int) -> None:
 def _kill_run(flags: list[str], train: list[str], ranks: int, rank: int | None = None):
     rng = random.Random()
     rank = rng.randrange(ranks) if rank is None else rank
-    delay = rng.uniform(0.0, 1.0)
+    after, delay = rng.randrange(EVERY, KILL_BY, EVERY), rng.uniform(0.0, 0.1)
     with tempfile.TemporaryDirectory() as d:
-        th, kill = killer(Path(d), rank, delay)
+        th, kill = killer(Path(d), rank, delay, after)
         rc, out, seen = launch(Path(d), *flags, train=train, ranks=ranks)
         th.join(5)
     assert rc == 0 and not kill.missed, (kill, out[-3000:])
@@ -83,7 +86,7 @@ def restarts(repeats: int, ranks: int) -> None:
     with tempfile.TemporaryDirectory() as d:
         rc, out, seen = launch(Path(d), train=SMALL, ranks=ranks)
     ref, ref_secs = DIGEST.findall(out)[0], seen[-1][0] - seen[0][0]
-    print(f"restarts: {ranks} ranks, 150 steps, a checkpoint every 5, one rank SIGKILLed 0-1 s after the first one "
+    print(f"restarts: {ranks} ranks, 150 steps, a checkpoint every 5, one rank SIGKILLed up to 0.1 s after a random one before step {KILL_BY} "
           f"(uninterrupted: {ref_secs:.1f} s from the first line to the last)")
     print(f"  {'rank':>4} {'reached':>7} {'resumed':>7} {'lost':>4} {'kill->resumed s':>15} {'job s':>6} digest")
     for _ in range(repeats):
