@@ -18,6 +18,8 @@ it and never see user-facing arguments (shapes, `None` receive buffers, MPI obje
 """
 from __future__ import annotations
 
+from functools import lru_cache
+from itertools import accumulate
 from typing import Any, NamedTuple
 
 __all__ = ["Call", "block_counts", "offsets", "cdiv", "lg"]
@@ -55,18 +57,24 @@ class Call(NamedTuple):
         return self.dtype.itemsize
 
 
-def block_counts(count: int, p: int) -> list[int]:
-    """Even split of `count` elements into p blocks: the first count % p hold one more."""
+@lru_cache(maxsize=256)
+def block_counts(count: int, p: int) -> tuple[int, ...]:
+    """Even split of `count` elements into p blocks: the first count % p hold one more.
+    One table per (count, p), shared: the p ranks of a virtual cluster all ask for it, and
+    p private copies of p entries are p^2 (16,384 ranks: 268 M)."""
     q, r = divmod(count, p)
-    return [q + (i < r) for i in range(p)]
+    return tuple(q + (i < r) for i in range(p))
 
 
-def offsets(counts: list[int] | tuple) -> list[int]:
-    """Prefix sums, length len(counts)+1: block i is [off[i], off[i+1])."""
-    off = [0]
-    for c in counts:
-        off.append(off[-1] + c)
-    return off
+def offsets(counts: list[int] | tuple) -> tuple[int, ...]:
+    """Prefix sums, length len(counts)+1: block i is [off[i], off[i+1]) (one shared table
+    per partition, as `block_counts`)."""
+    return _offsets(tuple(counts))
+
+
+@lru_cache(maxsize=256)
+def _offsets(counts: tuple) -> tuple[int, ...]:
+    return tuple(accumulate(counts, initial=0))
 
 
 def cdiv(a: int, b: int) -> int:

@@ -104,7 +104,7 @@ def _allreduce(t, call, one_way: bool) -> None:
     local, cross = t.split_nodes()
     nodes = t.nodes
     smallest = _smallest_node(nodes)
-    counts = block_counts(call.count, smallest) + [0] * (local.size - smallest)
+    counts = block_counts(call.count, smallest) + (0,) * (local.size - smallest)
     off = offsets(counts)
     j = local.rank
     node = local.shared() if len(set(local.nodes)) == 1 else local

@@ -37,6 +37,8 @@ all-reduce's bytes, a rounding per hop (`ringmpi sim accuracy` measures what it 
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from ..cost import Cost, best_segments
 from ..ops import ACCUMULATOR
 from . import block_counts, cdiv, offsets, register
@@ -45,14 +47,16 @@ __all__ = ["reduce_scatter_phase", "allgather_phase", "allreduce_part", "reduce_
            "blocks_to_root", "segment_counts"]
 
 
-def blocks_of(off, part: tuple[int, int] | None = None) -> list[slice]:
+@lru_cache(maxsize=256)
+def blocks_of(off: tuple, part: tuple[int, int] | None = None) -> tuple[slice, ...]:
     """Block b of the partition `off` as a slice, or only its elements [lo, hi) (`part`,
     clipped to the block): the segmented ring runs the same rounds on one part of every
-    block at a time, so every element is still reduced in its block's ring order."""
+    block at a time, so every element is still reduced in its block's ring order. (One
+    table per partition and part, shared by the ranks, as `block_counts`.)"""
     if part is None:
-        return [slice(off[b], off[b + 1]) for b in range(len(off) - 1)]
+        return tuple(slice(off[b], off[b + 1]) for b in range(len(off) - 1))
     lo, hi = part
-    return [slice(min(off[b] + lo, off[b + 1]), min(off[b] + hi, off[b + 1])) for b in range(len(off) - 1)]
+    return tuple(slice(min(off[b] + lo, off[b + 1]), min(off[b] + hi, off[b + 1])) for b in range(len(off) - 1))
 
 
 def reduce_scatter_phase(t, src, blk: list[slice], op, out_for, shift: int = 0) -> int:
@@ -197,7 +201,7 @@ def blocks_to_root(t, call, off, mine, at_root: bool = False) -> None:
         t.exchange([(mine, root)], [])
 
 
-def segment_counts(count: int, segments: int) -> list[int]:
+def segment_counts(count: int, segments: int) -> tuple[int, ...]:
     return block_counts(count, max(1, min(segments, count)) if count else 1)
 
 
