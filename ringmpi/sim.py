@@ -72,17 +72,41 @@ def symbolic(names: str, p: int, blocks: int) -> list[np.ndarray]:
 
 
 class _Op:
-    """One posted sendrecv/exchange: its rendezvous inputs and how many messages are pending.
+    """The exchange a virtual rank has in flight (one per rank: its transport blocks), reused
+    for each of the rank's exchanges.
 
-    `latency` and `transfer` are this rank's share of the op's time (alpha, and its bytes
-    times beta, both scaled by the network's slow ranks and links); the op ends at the
-    latest posting among it and its peers plus the largest latency and transfer among them."""
-    __slots__ = ("rank", "posted", "latency", "transfer", "pending", "depth", "peers")
+    What it posted: `posted` (its rank's clock), `latency` and `transfer` (its share of the
+    op's time: alpha, and its bytes times beta, both scaled by the network's slow ranks and
+    links) and `depth` (the critical-path rounds before it). The op ends at the latest
+    posting among it and its peers plus the largest latency and transfer among them: each
+    match folds the peer's posted values into `start`, `slowest`, `largest` and `deepest`,
+    so completing reads four fields and keeps no list of peers."""
+    __slots__ = ("rank", "posted", "latency", "transfer", "depth", "start", "slowest", "largest", "deepest",
+                 "pending", "parked")
 
-    def __init__(self, rank: int, posted: float, latency: float, transfer: float, pending: int, depth: int) -> None:
-        self.rank, self.posted, self.latency, self.transfer = rank, posted, latency, transfer
-        self.pending, self.depth = pending, depth  # depth: critical-path rounds at posting
-        self.peers: list = []
+    def __init__(self, rank: "VirtualRank") -> None:
+        self.rank = rank
+        self.pending = 0          # message ends not yet matched (0: nothing in flight)
+        self.parked = False       # its rank is suspended until it completes
+
+    def post(self, clock: float, latency: float, transfer: float, depth: int, ends: int) -> None:
+        self.posted = self.start = clock
+        self.latency = self.slowest = latency
+        self.transfer = self.largest = transfer
+        self.depth = self.deepest = depth
+        self.pending = ends
+
+    def meet(self, peer: "_Op") -> None:
+        """A message end of this op matched one of `peer`'s: the op cannot end before the
+        peer posted, nor take less than the peer's latency and transfer."""
+        if peer.posted > self.start:
+            self.start = peer.posted
+        if peer.latency > self.slowest:
+            self.slowest = peer.latency
+        if peer.transfer > self.largest:
+            self.largest = peer.transfer
+        if peer.depth > self.deepest:
+            self.deepest = peer.depth
 
 
 @dataclass(frozen=True)
@@ -142,6 +166,8 @@ class VirtualRank(ReceiveThenReduce):
         self.watch: Any = None           # buffer to snapshot before each op (symbolic tables)
         self.snapshots: list = []        # (clock, copy of watch)
         self._gamma = cluster.profile.gamma * cluster.network.rank_factor(rank)   # seconds per byte reduced
+        self.op = _Op(self)              # the exchange in flight
+        self.let: Any = None             # the greenlet the rank runs in (`VirtualCluster.run`)
 
     # -- data movement --------------------------------------------------------------------
     def sendrecv(self, sendbuf, dest, recvbuf, source) -> None:
@@ -153,14 +179,14 @@ class VirtualRank(ReceiveThenReduce):
             return
         # the common two-sided case on a uniform network, inlined: the simulator's hot path
         out, inn = sendbuf.nbytes, recvbuf.nbytes
+        op = self.op
         if cl.per_node:   # two kinds of link: each message at its own link's alpha and beta
             a_out, b_out = cl.link(self.rank, dest)
             a_in, b_in = cl.link(source, self.rank)
-            op = _Op(self.rank, self.clock, a_out if a_out > a_in else a_in, max(out * b_out, inn * b_in), 2,
-                     self.rounds)
+            op.post(self.clock, a_out if a_out > a_in else a_in, max(out * b_out, inn * b_in), self.rounds, 2)
         else:
             prof = cl.profile
-            op = _Op(self.rank, self.clock, prof.alpha, (out if out > inn else inn) * prof.beta, 2, self.rounds)
+            op.post(self.clock, prof.alpha, (out if out > inn else inn) * prof.beta, self.rounds, 2)
         c = self.counters
         c.calls += 1
         c.messages += 1
@@ -170,9 +196,8 @@ class VirtualRank(ReceiveThenReduce):
         match = cl._match
         match(me * size + dest, 0, op, sendbuf)
         match(source * size + me, 1, op, recvbuf)
-        if op.pending != -1:
-            cl._blocked[me] = op
-            cl._main.switch()
+        if op.pending:
+            cl._park(op)
 
     def exchange(self, sends, recvs) -> None:
         self._post(list(sends), list(recvs))
@@ -196,7 +221,8 @@ class VirtualRank(ReceiveThenReduce):
             latency = max(link(me, q)[0] * max(rf(me), rf(q)) for q in peers) + net.overhead * len(peers)
             transfer = max(sum(n * link(me, d)[1] * net.link_factor(me, d) for n, (_, d) in zip(out, sends)),
                            sum(n * link(s, me)[1] * net.link_factor(s, me) for n, (_, s) in zip(inn, recvs)))
-        op = _Op(me, self.clock, latency, transfer, len(out) + len(inn), self.rounds)
+        op = self.op
+        op.post(self.clock, latency, transfer, self.rounds, len(out) + len(inn))
         c = self.counters
         c.messages += len(out)
         c.bytes_sent += sum(out)
@@ -206,9 +232,8 @@ class VirtualRank(ReceiveThenReduce):
             cl._match(me * size + dest, 0, op, buf)
         for buf, src in recvs:
             cl._match(src * size + me, 1, op, buf)
-        if op.pending != -1:  # not already completed by the matches above
-            cl._blocked[me] = op
-            cl._main.switch()
+        if op.pending:   # not already completed by the matches above
+            cl._park(op)
 
     # -- local work ---------------------------------------------------------------------
     def empty(self, n: int, dtype: Any) -> np.ndarray:
@@ -302,8 +327,7 @@ class VirtualCluster:
         self.sym_itemsize = sym_itemsize
         self.ranks = [VirtualRank(self, r) for r in range(size)]
         self._chans: dict = {}
-        self._blocked: dict[int, _Op] = {}
-        self._ready: deque = deque()
+        self._ready: deque = deque()   # the greenlets of ranks that can run
         self._main: greenlet | None = None
 
     def nbytes(self, buf) -> int:
@@ -330,44 +354,44 @@ class VirtualCluster:
                 q.append((side, op, buf))
             return
         _, other, obuf = q.popleft()
-        sop, sbuf, rop, rbuf = (op, buf, other, obuf) if side == 0 else (other, obuf, op, buf)
+        sbuf, rbuf = (buf, obuf) if side == 0 else (obuf, buf)
         if sbuf.size != rbuf.size:
             src, dst = divmod(chan, self.size)
             raise SimDeadlock(f"rank {src} sent {sbuf.size} elements to rank {dst}, "
                               f"which posted a receive of {rbuf.size} (MPI would truncate or hang)")
         if self.data:
             np.copyto(rbuf, sbuf)
-        sop.peers.append(rop)
-        rop.peers.append(sop)
-        sop.pending -= 1
-        if sop.pending == 0:
-            self._complete(sop)
-        rop.pending -= 1
-        if rop.pending == 0:
-            self._complete(rop)
+        op.meet(other)
+        other.meet(op)
+        other.pending -= 1
+        if not other.pending:
+            self._complete(other)
+        op.pending -= 1
+        if not op.pending:
+            self._complete(op)
 
     def _complete(self, op: _Op) -> None:
-        start, latency, transfer, depth = op.posted, op.latency, op.transfer, op.depth
-        for q in op.peers:
-            if q.posted > start:
-                start = q.posted
-            if q.latency > latency:
-                latency = q.latency
-            if q.transfer > transfer:
-                transfer = q.transfer
-            if q.depth > depth:
-                depth = q.depth
-        rank = self.ranks[op.rank]
-        rank.clock = start + latency + transfer
-        rank.rounds = depth + 1
-        op.pending = -1
-        op.peers = ()   # a completed op is read by its peers, never reads them again: no reference cycle
-        #                 for the garbage collector to find (it cost half the time at 1024 ranks)
-        if self._blocked.pop(op.rank, None) is not None:
-            self._ready.append(op.rank)
+        rank = op.rank
+        rank.clock = op.start + op.slowest + op.largest
+        rank.rounds = op.deepest + 1
+        if op.parked:
+            op.parked = False
+            self._ready.append(rank.let)
+
+    def _park(self, op: _Op) -> None:
+        """Suspend the rank of `op` until it completes, switching straight to the next rank
+        that can run (one switch per exchange, not two through a scheduler); the main
+        greenlet only starts the run and sees it end."""
+        op.parked = True
+        ready = self._ready
+        (ready.popleft() if ready else self._main).switch()
 
     # -- running ------------------------------------------------------------------------
     def run(self, fn: Callable[[VirtualRank], Any]) -> list:
+        """fn(rank) on every rank, each a greenlet started in rank order; their results.
+        The simulated times do not depend on the order the ranks run in: every exchange's
+        end time is a function of what it and its peers posted, and a channel pairs its
+        k-th send with its k-th receive whoever comes first."""
         results: list = [None] * self.size
         errors: list = []
         self._main = greenlet.getcurrent()
@@ -381,32 +405,34 @@ class VirtualCluster:
                 rk = self.ranks[r]
                 if rk.watch is not None:
                     rk.snapshots.append((rk.clock, rk.watch.copy()))
-        def check():
-            if errors:
-                rank, err = errors[0]
-                if isinstance(err, SimDeadlock):
-                    raise err
-                raise RuntimeError(f"virtual rank {rank} failed: {err!r}") from err
-        lets = [greenlet(lambda r=r: body(r)) for r in range(self.size)]
-        # the engine makes no reference cycles (a completed op drops its peers): the cyclic
-        # collector would only rescan the millions of live ops and buffers of a large run
+        for rk in self.ranks:
+            rk.let = greenlet(lambda r=rk.rank: body(r))
+        ready = self._ready
+        # the ranks start from here, in rank order (a greenlet started from another rank's
+        # would nest in its stack); a parked rank then switches to the next ready one
+        fresh = deque(rk.let for rk in self.ranks)
+        # the engine makes no reference cycles: the cyclic collector would only rescan the
+        # millions of live buffers of a large run
         collecting = gc.isenabled()
         gc.disable()
         try:
-            for g in lets:
-                g.switch()
-                check()
-            ready = self._ready
-            while ready:
-                lets[ready.popleft()].switch()
+            while ready or fresh:
+                (ready.popleft() if ready else fresh.popleft()).switch()
                 if errors:
-                    check()
+                    rank, err = errors[0]
+                    if isinstance(err, SimDeadlock):
+                        raise err
+                    raise RuntimeError(f"virtual rank {rank} failed: {err!r}") from err
         finally:
+            ready.clear()
+            for rk in self.ranks:
+                rk.let = None     # (a finished greenlet; a failed run's suspended ones unwind here)
             if collecting:
                 gc.enable()
-        if self._blocked:
-            stuck = ", ".join(f"rank {r} (op posted at t={op.posted:.3g})" for r, op in sorted(self._blocked.items()))
-            raise SimDeadlock(f"no progress possible; blocked: {stuck}")
+        stuck = [rk for rk in self.ranks if rk.op.pending]
+        if stuck:
+            raise SimDeadlock("no progress possible; blocked: " + ", ".join(
+                f"rank {rk.rank} (op posted at t={rk.op.posted:.3g})" for rk in stuck))
         return results
 
     @property
