@@ -411,8 +411,9 @@ class VirtualCluster:
         # the ranks start from here, in rank order (a greenlet started from another rank's
         # would nest in its stack); a parked rank then switches to the next ready one
         fresh = deque(rk.let for rk in self.ranks)
-        # the engine makes no reference cycles: the cyclic collector would only rescan the
-        # millions of live buffers of a large run
+        # the engine makes no reference cycle per message (a rank and its one reused op are
+        # the only cycle, p of them): the cyclic collector would only rescan the millions of
+        # live buffers of a large run
         collecting = gc.isenabled()
         gc.disable()
         try:
