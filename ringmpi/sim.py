@@ -79,15 +79,14 @@ class _Op:
     op's time: alpha, and its bytes times beta, both scaled by the network's slow ranks and
     links) and `depth` (the critical-path rounds before it). The op ends at the latest
     posting among it and its peers plus the largest latency and transfer among them: each
-    match folds the peer's posted values into `start`, `slowest`, `largest` and `deepest`,
-    so completing reads four fields and keeps no list of peers."""
+    match folds the peer's posted values into `start`, `slowest`, `largest` and `deepest`
+    (`VirtualCluster._pair`), so completing reads four fields and keeps no list of peers."""
     __slots__ = ("rank", "posted", "latency", "transfer", "depth", "start", "slowest", "largest", "deepest",
-                 "pending", "parked")
+                 "pending")
 
     def __init__(self, rank: "VirtualRank") -> None:
         self.rank = rank
         self.pending = 0          # message ends not yet matched (0: nothing in flight)
-        self.parked = False       # its rank is suspended until it completes
 
     def post(self, clock: float, latency: float, transfer: float, depth: int, ends: int) -> None:
         self.posted = self.start = clock
@@ -95,18 +94,6 @@ class _Op:
         self.transfer = self.largest = transfer
         self.depth = self.deepest = depth
         self.pending = ends
-
-    def meet(self, peer: "_Op") -> None:
-        """A message end of this op matched one of `peer`'s: the op cannot end before the
-        peer posted, nor take less than the peer's latency and transfer."""
-        if peer.posted > self.start:
-            self.start = peer.posted
-        if peer.latency > self.slowest:
-            self.slowest = peer.latency
-        if peer.transfer > self.largest:
-            self.largest = peer.transfer
-        if peer.depth > self.deepest:
-            self.deepest = peer.depth
 
 
 @dataclass(frozen=True)
@@ -163,7 +150,8 @@ class VirtualRank(ReceiveThenReduce):
         self.clock = 0.0
         self.rounds = 0   # critical-path rounds: 1 + the deepest of this op's and its peers'
         self.bytes_received = 0
-        self.watch: Any = None           # buffer to snapshot before each op (symbolic tables)
+        self.row = rank * self.size      # the channel of a message to rank d: row + d
+        self.watch = None
         self.snapshots: list = []        # (clock, copy of watch)
         self._gamma = cluster.profile.gamma * cluster.network.rank_factor(rank)   # seconds per byte reduced
         self.op = _Op(self)              # the exchange in flight
@@ -171,33 +159,64 @@ class VirtualRank(ReceiveThenReduce):
 
     # -- data movement --------------------------------------------------------------------
     def sendrecv(self, sendbuf, dest, recvbuf, source) -> None:
-        cl = self.cluster
-        if dest is None or sendbuf is None or source is None or recvbuf is None or self.watch is not None \
-                or not cl.fast:
+        if not self.fast or dest is None or sendbuf is None or source is None or recvbuf is None:
             self._post([] if dest is None or sendbuf is None else [(sendbuf, dest)],
                        [] if source is None or recvbuf is None else [(recvbuf, source)])
             return
-        # the common two-sided case on a uniform network, inlined: the simulator's hot path
+        # the common two-sided case on a uniform network, `_post` and `_match` inlined: the
+        # simulator's hot path (a rank waits in a sendrecv once a round of every schedule)
+        cl = self.cluster
         out, inn = sendbuf.nbytes, recvbuf.nbytes
         op = self.op
+        op.posted = op.start = self.clock
         if cl.per_node:   # two kinds of link: each message at its own link's alpha and beta
             a_out, b_out = cl.link(self.rank, dest)
             a_in, b_in = cl.link(source, self.rank)
-            op.post(self.clock, a_out if a_out > a_in else a_in, max(out * b_out, inn * b_in), self.rounds, 2)
+            op.latency = op.slowest = a_out if a_out > a_in else a_in
+            op.transfer = op.largest = max(out * b_out, inn * b_in)
         else:
-            prof = cl.profile
-            op.post(self.clock, prof.alpha, (out if out > inn else inn) * prof.beta, self.rounds, 2)
+            op.latency = op.slowest = cl.alpha
+            op.transfer = op.largest = (out if out > inn else inn) * cl.beta
+        op.depth = op.deepest = self.rounds
+        op.pending = 2
         c = self.counters
         c.calls += 1
         c.messages += 1
         c.bytes_sent += out
         self.bytes_received += inn
-        size, me = self.size, self.rank
-        match = cl._match
-        match(me * size + dest, 0, op, sendbuf)
-        match(source * size + me, 1, op, recvbuf)
+        ends = cl._ends
+        k = self.row + dest
+        e = ends.pop(k, None)
+        if e is None:
+            ends[k] = (0, op, sendbuf)
+        elif e.__class__ is tuple and e[0]:
+            cl._pair(k, op, e[1], sendbuf, e[2])
+        else:
+            cl._queue(k, e, 0, op, sendbuf)
+        k = source * self.size + self.rank
+        e = ends.pop(k, None)
+        if e is None:
+            ends[k] = (1, op, recvbuf)
+        elif e.__class__ is tuple and not e[0]:
+            cl._pair(k, op, e[1], e[2], recvbuf)
+        else:
+            cl._queue(k, e, 1, op, recvbuf)
         if op.pending:
-            cl._park(op)
+            ready = cl._ready
+            (ready.pop() if ready else cl._main).switch()
+        else:
+            self.clock = op.start + op.slowest + op.largest
+            self.rounds = op.deepest + 1
+
+    @property
+    def watch(self) -> Any:
+        """A buffer to snapshot before each op (symbolic tables), or None."""
+        return self._watch
+
+    @watch.setter
+    def watch(self, buf: Any) -> None:
+        self._watch = buf
+        self.fast = buf is None and self.cluster.fast   # sendrecv's inlined path applies
 
     def exchange(self, sends, recvs) -> None:
         self._post(list(sends), list(recvs))
@@ -233,7 +252,10 @@ class VirtualRank(ReceiveThenReduce):
         for buf, src in recvs:
             cl._match(src * size + me, 1, op, buf)
         if op.pending:   # not already completed by the matches above
-            cl._park(op)
+            cl._park()
+        else:
+            self.clock = op.start + op.slowest + op.largest
+            self.rounds = op.deepest + 1
 
     # -- local work ---------------------------------------------------------------------
     def empty(self, n: int, dtype: Any) -> np.ndarray:
@@ -244,7 +266,9 @@ class VirtualRank(ReceiveThenReduce):
         self.backend.copy(src, dst)
 
     def combine(self, op: str, a, b, out) -> None:
-        if out.dtype.kind == "O":
+        if not self.cluster.data:   # phantoms: nothing to reduce, the bytes counted and timed
+            nbytes = out.nbytes
+        elif out.dtype.kind == "O":
             if op not in ("SUM", "AVG"):
                 raise ValueError("symbolic data supports SUM only")
             out[...] = a + b
@@ -326,7 +350,8 @@ class VirtualCluster:
         self.fast = network.uniform   # sendrecv's inlined path applies
         self.sym_itemsize = sym_itemsize
         self.ranks = [VirtualRank(self, r) for r in range(size)]
-        self._chans: dict = {}
+        self.alpha, self.beta = profile.alpha, profile.beta   # (sendrecv's inlined path)
+        self._ends: dict = {}
         self._ready: deque = deque()   # the greenlets of ranks that can run
         self._main: greenlet | None = None
 
@@ -343,48 +368,78 @@ class VirtualCluster:
         return prof.alpha, prof.beta
 
     # -- matching: FIFO per (source, destination) channel, as MPI's non-overtaking rule ---
+    # `_ends[chan]`: the message ends of one channel not yet matched, all sends or all
+    # receives: one (side, op, buf) (side 0 a send, 1 a receive), or a deque of them when
+    # several wait. A matched channel leaves the table, so it holds what is in flight, not
+    # every channel a run ever used (p^2 of them for an all-to-all pattern).
     def _match(self, chan: int, side: int, op: _Op, buf: Any) -> None:
-        """Post one message end; a channel's queue holds only sends or only receives, so the
-        new end either waits or meets the oldest end of the other side."""
-        q = self._chans.get(chan)
-        if not q or q[0][0] == side:
-            if q is None:
-                self._chans[chan] = deque(((side, op, buf),))
-            else:
-                q.append((side, op, buf))
-            return
-        _, other, obuf = q.popleft()
-        sbuf, rbuf = (buf, obuf) if side == 0 else (obuf, buf)
+        """Post one message end of the running rank's `op`: it waits, or meets the oldest
+        end of the other side (`VirtualRank.sendrecv` inlines this)."""
+        ends = self._ends
+        e = ends.pop(chan, None)
+        if e is None:
+            ends[chan] = (side, op, buf)
+        elif e.__class__ is tuple and e[0] != side:
+            self._pair(chan, op, e[1], buf, e[2]) if side == 0 else self._pair(chan, op, e[1], e[2], buf)
+        else:
+            self._queue(chan, e, side, op, buf)
+
+    def _queue(self, chan: int, e: Any, side: int, op: _Op, buf: Any) -> None:
+        """The channel's ends `e` (popped) are a queue, or of the posting side: queue the new
+        end behind them, or pair it with the oldest."""
+        ends = self._ends
+        if e.__class__ is tuple:
+            ends[chan] = deque((e, (side, op, buf)))
+        elif e[0][0] == side:
+            e.append((side, op, buf))
+            ends[chan] = e
+        else:
+            _, other, obuf = e.popleft()
+            ends[chan] = e[0] if len(e) == 1 else e
+            self._pair(chan, op, other, buf, obuf) if side == 0 else self._pair(chan, op, other, obuf, buf)
+
+    def _pair(self, chan: int, op: _Op, other: _Op, sbuf: Any, rbuf: Any) -> None:
+        """A send meets its receive on channel `chan`: the running rank's `op` and the waiting `other` (a
+        parked rank's, or `op` itself for a message to oneself). The data moves, each op
+        folds the other's posted values, and `other`, once complete, makes its rank ready."""
         if sbuf.size != rbuf.size:
             src, dst = divmod(chan, self.size)
             raise SimDeadlock(f"rank {src} sent {sbuf.size} elements to rank {dst}, "
                               f"which posted a receive of {rbuf.size} (MPI would truncate or hang)")
         if self.data:
             np.copyto(rbuf, sbuf)
-        op.meet(other)
-        other.meet(op)
-        other.pending -= 1
-        if not other.pending:
-            self._complete(other)
+        if other.posted > op.start:
+            op.start = other.posted
+        if other.latency > op.slowest:
+            op.slowest = other.latency
+        if other.transfer > op.largest:
+            op.largest = other.transfer
+        if other.depth > op.deepest:
+            op.deepest = other.depth
+        if op.posted > other.start:
+            other.start = op.posted
+        if op.latency > other.slowest:
+            other.slowest = op.latency
+        if op.transfer > other.largest:
+            other.largest = op.transfer
+        if op.depth > other.deepest:
+            other.deepest = op.depth
         op.pending -= 1
-        if not op.pending:
-            self._complete(op)
-
-    def _complete(self, op: _Op) -> None:
-        rank = op.rank
-        rank.clock = op.start + op.slowest + op.largest
-        rank.rounds = op.deepest + 1
-        if op.parked:
-            op.parked = False
+        other.pending -= 1
+        if not other.pending and other is not op:
+            rank = other.rank
+            rank.clock = other.start + other.slowest + other.largest
+            rank.rounds = other.deepest + 1
             self._ready.append(rank.let)
 
-    def _park(self, op: _Op) -> None:
-        """Suspend the rank of `op` until it completes, switching straight to the next rank
+    def _park(self) -> None:
+        """Suspend the running rank until its op completes, switching straight to a rank
         that can run (one switch per exchange, not two through a scheduler); the main
-        greenlet only starts the run and sees it end."""
-        op.parked = True
+        greenlet only starts the run and sees it end. The rank made ready last goes first
+        (a stack, not a queue): its state is still in cache, and in a ring it can often
+        post its next exchange and complete it at once, with no switch at all."""
         ready = self._ready
-        (ready.popleft() if ready else self._main).switch()
+        (ready.pop() if ready else self._main).switch()
 
     # -- running ------------------------------------------------------------------------
     def run(self, fn: Callable[[VirtualRank], Any]) -> list:
@@ -418,7 +473,7 @@ class VirtualCluster:
         gc.disable()
         try:
             while ready or fresh:
-                (ready.popleft() if ready else fresh.popleft()).switch()
+                (ready.pop() if ready else fresh.popleft()).switch()
                 if errors:
                     rank, err = errors[0]
                     if isinstance(err, SimDeadlock):

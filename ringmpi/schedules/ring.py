@@ -72,15 +72,15 @@ def reduce_scatter_phase(t, src, blk: list[slice], op, out_for, shift: int = 0) 
     right, left = (r + 1) % p, (r - 1) % p
     # where a received block lands before it is reduced (None over shared memory, which
     # reads it in the neighbour's memory and reduces it there, in one pass)
-    tmp = t.landing(max([b.stop - b.start for b in blk]), src.dtype)
-    prev = None
+    widths = {b.stop - b.start for b in blk}
+    tmp = t.landing(max(widths), src.dtype)
+    lands = {} if tmp is None else {w: tmp[:w] for w in widths}   # its view for a block of each width
+    prev = src[blk[(r + shift) % p]]
     for i in range(p - 1):
-        s, c = (r - i + shift) % p, (r - i - 1 + shift) % p
-        send = src[blk[s]] if i == 0 else prev
-        prev = out_for(i, c)
-        # receive block c from the left and reduce it with ours into prev
-        t.sendrecv_reduce(send, right, None if tmp is None else tmp[:blk[c].stop - blk[c].start], left, op,
-                          src[blk[c]], prev)
+        c = (r - i - 1 + shift) % p
+        send, prev, b = prev, out_for(i, c), blk[c]
+        # receive block c from the left and reduce it with ours into prev (sent next round)
+        t.sendrecv_reduce(send, right, lands.get(b.stop - b.start), left, op, src[b], prev)
     return (r + 1 + shift) % p
 
 
@@ -94,9 +94,11 @@ def allgather_phase(t, buf, blk: list[slice], own: int, pos: int | None = None, 
     p = t.size
     pos = t.rank if pos is None else pos
     right, left = (pos + 1 + base) % p, (pos - 1 + base) % p
+    prev = buf[blk[own]]
     for i in range(p - 1):
-        s, c = (own - i) % p, (own - i - 1) % p
-        t.sendrecv(buf[blk[s]], right, buf[blk[c]], left)
+        got = buf[blk[(own - i - 1) % p]]
+        t.sendrecv(prev, right, got, left)   # what came this round goes on in the next
+        prev = got
 
 
 def _rounds_cost(p, count, itemsize, phases: int, reduce: bool) -> Cost:
