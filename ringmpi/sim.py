@@ -218,6 +218,15 @@ class VirtualRank(ReceiveThenReduce):
         self._watch = buf
         self.fast = buf is None and self.cluster.fast   # sendrecv's inlined path applies
 
+    def sendrecv_reduce(self, sendbuf, dest, landing, source, op, mine, out) -> None:
+        self.sendrecv(sendbuf, dest, landing, source)
+        if self.cluster.data:
+            self.combine(op, landing, mine, out)
+        else:   # phantoms: nothing to reduce, the bytes counted and timed (as `combine`)
+            n = out.nbytes
+            self.counters.bytes_reduced += n
+            self.clock += n * self._gamma
+
     def exchange(self, sends, recvs) -> None:
         self._post(list(sends), list(recvs))
 

@@ -59,14 +59,14 @@ def blocks_of(off: tuple, part: tuple[int, int] | None = None) -> tuple[slice, .
     return tuple(slice(min(off[b] + lo, off[b + 1]), min(off[b] + hi, off[b + 1])) for b in range(len(off) - 1))
 
 
-def reduce_scatter_phase(t, src, blk: list[slice], op, out_for, shift: int = 0) -> int:
+def reduce_scatter_phase(t, src, blk: list[slice], op, out, shift: int = 0) -> int:
     """Ring reduce-scatter of the blocks `blk` of `src` (`blocks_of`: whole blocks, or one
     part of each); returns the block this rank ends owning.
 
-    Round i sends block (r-i+shift) and reduces block (r-i-1+shift) into `out_for(i, c)`
-    (the output for block c, or for its part); round 0 reads `src` directly and every
-    reduction writes `out = received op src[c]` (each received block is touched once, so
-    there is no scratch copy of the input).
+    Round i sends block (r-i+shift) and reduces block (r-i-1+shift) into block c of the
+    array `out`, or into `out(i, c)` where a function chooses (scratch blocks); round 0
+    reads `src` directly and every reduction writes `out = received op src[c]` (each
+    received block is touched once, so there is no scratch copy of the input).
     """
     p, r = t.size, t.rank
     right, left = (r + 1) % p, (r - 1) % p
@@ -75,10 +75,12 @@ def reduce_scatter_phase(t, src, blk: list[slice], op, out_for, shift: int = 0) 
     widths = {b.stop - b.start for b in blk}
     tmp = t.landing(max(widths), src.dtype)
     lands = {} if tmp is None else {w: tmp[:w] for w in widths}   # its view for a block of each width
+    out_for = out if callable(out) else None
     prev = src[blk[(r + shift) % p]]
     for i in range(p - 1):
         c = (r - i - 1 + shift) % p
-        send, prev, b = prev, out_for(i, c), blk[c]
+        b = blk[c]
+        send, prev = prev, out[b] if out_for is None else out_for(i, c)
         # receive block c from the left and reduce it with ours into prev (sent next round)
         t.sendrecv_reduce(send, right, lands.get(b.stop - b.start), left, op, src[b], prev)
     return (r + 1 + shift) % p
@@ -131,12 +133,12 @@ def allreduce_part(t, call, off, part: tuple[int, int] | None = None) -> None:
     if call.wide_partials:
         acc = t.empty(call.send.size, ACCUMULATOR)
         t.copy(call.send, acc)
-        own = reduce_scatter_phase(t, acc, blk, call.op, lambda i, c: acc[blk[c]])
+        own = reduce_scatter_phase(t, acc, blk, call.op, acc)
         if call.op == "AVG":
             t.scale(acc[blk[own]], t.size)
         t.copy(acc[blk[own]], recv[blk[own]])
     else:
-        own = reduce_scatter_phase(t, call.send, blk, call.op, lambda i, c: recv[blk[c]])
+        own = reduce_scatter_phase(t, call.send, blk, call.op, recv)
     allgather_phase(t, recv, blk, own)
 
 
