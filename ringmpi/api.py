@@ -14,6 +14,7 @@ Errors read 'ringmpi.CALL (rank r of p): what was expected, what came'.
 from __future__ import annotations
 
 import functools
+import os
 import time
 import weakref
 from typing import Any, Callable
@@ -31,7 +32,7 @@ from .settings import log, settings
 from . import requests
 from .requests import ACTIVE, progress
 
-__all__ = ["execute", "request", "shrink", "fault_tolerant", "Edge", "CACHE", "PLANS", "Memo", "forget_plans", "group", "algorithms", "last_choice", "label", "send_recv_plan", "call_plan", "mpi_reference",
+__all__ = ["execute", "request", "overlaps", "shrink", "fault_tolerant", "Edge", "CACHE", "PLANS", "Memo", "forget_plans", "group", "algorithms", "last_choice", "label", "send_recv_plan", "call_plan", "mpi_reference",
            "RingmpiUsageError",
            "RingmpiError"]
 
@@ -101,6 +102,25 @@ def _mpi() -> Any:
 def group(comm: Any = None) -> Any:
     """The transport of `comm` (an mpi4py intracommunicator; COMM_WORLD when None)."""
     return _mpi().transport(comm)
+
+
+def overlaps(comm: Any = None) -> bool:
+    """Whether a collective beside computation can hide anything on `comm`: where it spans
+    several hosts (the wire does the waiting), or where this host has a core to spare for
+    ringmpi's progress thread beside every rank's computation. Within a host whose cores
+    all compute, the transfer is the CPU's memory copies: the progress thread takes them
+    from the computation it runs beside, and a step gets slower, not faster
+    (benchmarks/README.md, "PyTorch"); the collective then runs blocking, at once."""
+    t = group(comm)
+    nodes = t.nodes
+    if len(set(nodes)) > 1:
+        return True
+    here = nodes.count(nodes[t.rank])
+    try:
+        mine = len(os.sched_getaffinity(0))
+    except AttributeError:          # (no affinity on this platform: every core)
+        mine = os.cpu_count() or 1
+    return mine >= 2 and (os.cpu_count() or 1) >= 2 * here
 
 
 def algorithms(collective: str, comm: Any = None) -> list[str]:

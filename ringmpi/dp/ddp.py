@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import random
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
 from .. import collectives as api
-from ..api import group
+from ..api import group, overlaps
 from .arrays import module_of, to_host
 from .checkpoint import Snapshot, newest, write
 
@@ -30,18 +32,38 @@ def partition_indices(size: int, world_size: int, rank: int, seed: int) -> list[
     return order[start:start + q + (rank < r)]
 
 
+@dataclass(eq=False)
+class _Bucket:
+    """Parameters all-reduced together (`names`, packed into `flat`), the gradients of this
+    backward not yet final (`waiting`), and its all-reduce in flight (`request`)."""
+    names: list[str]
+    flat: Any
+    waiting: set[str] = field(default_factory=set)
+    request: Any = None
+
+
 class DataParallel:
     """Replicas of `model` kept identical: broadcast at construction, averaged gradients after.
 
     model: has `params` (dict name -> array) and `loss_and_grads(batch) -> (loss_sum,
-    grads, count)`, where grads may lack a parameter that got no gradient.
+    grads, count)`, where grads may lack a parameter that got no gradient; with an
+    `on_grad` parameter (`models.MLP`) it reports each gradient as it is final.
     weighting="global": SUM the gradient sums and divide by the global count (right for
     uneven shards); "mean": average the per-rank means (the pitfall, kept to show it).
+
+    overlap: each bucket's all-reduce starts as a request the moment its last gradient is
+    final, in bucket order (the same on every rank, as MPI needs; DDP's rule too), while
+    backward goes on with the earlier layers; everything is waited for before the step.
+    None (the default) overlaps where it can hide anything (`ringmpi.api.overlaps`: several
+    hosts, or a core to spare for the progress thread) and MPI lets a thread progress it;
+    every rank takes the same choice. Overlapped and blocking training give the same bits:
+    the same buckets, packed the same way, reduced by the same schedule (with a fixed
+    algorithm: `auto` may choose differently for requests).
     """
 
     def __init__(self, model: Any, comm: Any = None, *, algorithm: str = "auto",
                  bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0, weighting: str = "global",
-                 find_unused_parameters: bool = False) -> None:
+                 find_unused_parameters: bool = False, overlap: bool | None = None) -> None:
         if weighting not in ("global", "mean"):
             raise ValueError(f"DataParallel: weighting must be 'global' or 'mean', got {weighting!r}")
         self.model, self.comm, self.algorithm = model, comm, algorithm
@@ -50,19 +72,25 @@ class DataParallel:
         self.t = group(comm)
         for p in self.params.values():  # every replica starts from rank 0's parameters
             api.broadcast(p, 0, comm=comm, algorithm="auto")
-        self.buckets = self._make_buckets(bucket_cap_mb * 1e6, first_bucket_mb * 1e6)
         # one persistent buffer per bucket, in the host's shared memory when every rank is on
         # one host (the shared-memory all-reduce then sends and fills it without a copy, as
         # NCCL does with registered buffers), else a plain array
         # (on a GPU: device buffers, all-reduced on the device, staged or CUDA-aware)
         self.xp = module_of(next(iter(self.params.values()))) if self.params else np
         one_host = self.t.size > 1 and len(set(self.t.nodes)) == 1 and self.xp is np
-        self.flats = []
-        for b in self.buckets:
-            n, dt = sum(self.params[k].size for k in b), np.result_type(*(self.params[k].dtype for k in b))
-            self.flats.append(api.shared_empty(n, dt, comm=comm) if one_host else self.xp.empty(n, dt))
+        self.buckets = []
+        for names in self._make_buckets(bucket_cap_mb * 1e6, first_bucket_mb * 1e6):
+            n, dt = sum(self.params[k].size for k in names), np.result_type(*(self.params[k].dtype for k in names))
+            self.buckets.append(_Bucket(names, api.shared_empty(n, dt, comm=comm) if one_host else self.xp.empty(n, dt)))
+        self.bucket_of = {k: b for b in self.buckets for k in b.names}
+        want = (overlaps(comm) and self.t.wire) if overlap is None else overlap
+        # (a choice every rank must share: the order of the collectives depends on it)
+        self.overlap = bool(self.t.size > 1 and weighting == "global"
+                            and api.allreduce(np.array([float(want)]), op="min", comm=comm, algorithm="auto")[0])
+        self.streams = "on_grad" in inspect.signature(model.loss_and_grads).parameters
         self.allreduce_calls = 0
         self._sync = True
+        self._next = len(self.buckets)   # the next bucket to start (all started: none in flight)
         self.zero_grad()
 
     def _make_buckets(self, cap: float, first: float) -> list[list[str]]:
@@ -95,21 +123,58 @@ class DataParallel:
             self._sync = True
 
     def backward(self, batch) -> None:
-        """Forward + backward on this rank's batch; synchronises unless inside no_sync()."""
-        loss, grads, count = self.model.loss_and_grads(batch)
+        """Forward + backward on this rank's batch; synchronises unless inside no_sync()
+        (overlapped: the buckets start during backward, `average_gradients` waits)."""
+        streaming = self._sync and self.overlap
+        final: set[str] = set()
+        if streaming:
+            for b in self.buckets:
+                b.waiting = set(b.names)
+            self._next = 0
+
+            def on_grad(name: str, g) -> None:
+                self._accumulate(name, g)
+                final.add(name)
+                self.bucket_of[name].waiting.discard(name)
+                self._start_ready()
+            loss, grads, count = self.model.loss_and_grads(batch, on_grad=on_grad) if self.streams \
+                else self.model.loss_and_grads(batch)
+        else:
+            loss, grads, count = self.model.loss_and_grads(batch)
         if self.weighting == "mean" and count:
             grads = {k: g / count for k, g in grads.items()}
         for k, g in grads.items():
-            if g is not None:
-                self.grads[k] += g
-                self.seen[k] = True
+            if k not in final:
+                self._accumulate(k, g)
         self.loss_sum += loss
         self.count += count
+        if streaming:   # the rest (and gradients this rank never got: zeros), in order
+            for b in self.buckets:
+                b.waiting.clear()
+            self._start_ready()
         if self._sync:
             self.average_gradients()
 
+    def _accumulate(self, name: str, g) -> None:
+        if g is not None:
+            self.grads[name] += g
+            self.seen[name] = True
+
+    def _start_ready(self) -> None:
+        """Start the buckets whose gradients are all final, in bucket order."""
+        while self._next < len(self.buckets) and not self.buckets[self._next].waiting:
+            b = self.buckets[self._next]
+            self._pack(b)
+            b.request = api.iallreduce(b.flat, b.flat, comm=self.comm, algorithm=self.algorithm)
+            self.allreduce_calls += 1
+            self._next += 1
+
+    def _pack(self, b: _Bucket) -> None:
+        self.xp.concatenate([self.grads[k].reshape(-1) for k in b.names], out=b.flat)
+
     def average_gradients(self) -> float:
-        """One all-reduce per bucket (SUM), then divide; returns the global mean loss."""
+        """One all-reduce per bucket (SUM; begun during backward when overlapped), then
+        divide; returns the global mean loss."""
         p = self.t.size
         names = list(self.params)
         # loss, count and which parameters got a gradient travel in one small all-reduce, so
@@ -117,28 +182,31 @@ class DataParallel:
         head = np.array([self.loss_sum, float(self.count)] + [float(self.seen[k]) for k in names])
         head = api.allreduce(head, comm=self.comm, algorithm=self.algorithm)
         scalars, present = head[:2], head[2:]
+        started = self._next == len(self.buckets) and any(b.request is not None for b in self.buckets)
+        if started:
+            api.waitall([b.request for b in self.buckets])
+        else:
+            for b in self.buckets:
+                self._pack(b)
+                api.allreduce(b.flat, b.flat, comm=self.comm, algorithm=self.algorithm)
+                self.allreduce_calls += 1
+        for b in self.buckets:
+            b.request = None
         if not self.find_unused and np.any(present < p):
             missing = [k for k, c in zip(names, present) if c < p]
             raise RuntimeError(f"DataParallel (rank {self.t.rank}): parameters {missing} got no gradient "
                                "on some ranks; pass find_unused_parameters=True if that is expected")
-        use = {k for k, c in zip(names, present) if c > 0}
-        for bucket, whole in zip(self.buckets, self.flats):
-            names_b = [k for k in bucket if k in use]
-            if not names_b:
-                continue
-            flat = whole[:sum(self.grads[k].size for k in names_b)]
-            self.xp.concatenate([self.grads[k].reshape(-1) for k in names_b], out=flat)
-            api.allreduce(flat, flat, comm=self.comm, algorithm=self.algorithm)
-            self.allreduce_calls += 1
-            scale = 1.0 / scalars[1] if self.weighting == "global" else 1.0 / p
-            flat *= scale
+        scale = 1.0 / scalars[1] if self.weighting == "global" else 1.0 / p
+        for b in self.buckets:
+            b.flat *= scale
             off = 0
-            for k in names_b:
+            for k in b.names:
                 n = self.grads[k].size
-                self.grads[k] = flat[off:off + n].reshape(self.grads[k].shape).astype(self.params[k].dtype, copy=False)
+                self.grads[k] = b.flat[off:off + n].reshape(self.grads[k].shape).astype(self.params[k].dtype,
+                                                                                       copy=False)
                 off += n
-        for k in names:
-            if k not in use:
+        for k, c in zip(names, present):
+            if c == 0:     # no rank got a gradient for it
                 self.grads[k] = None
         self.global_loss = scalars[0] / max(scalars[1], 1)
         return self.global_loss

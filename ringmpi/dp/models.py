@@ -41,7 +41,10 @@ class MLP:
             self.params[f"W{i}"] = xp.asarray((rng.standard_normal((a, b)) / np.sqrt(a)).astype(dtype))
             self.params[f"b{i}"] = xp.zeros(b, dtype)
 
-    def loss_and_grads(self, batch) -> tuple[float, dict[str, np.ndarray], int]:
+    def loss_and_grads(self, batch, on_grad=None) -> tuple[float, dict[str, np.ndarray], int]:
+        """The summed loss, every gradient and the sample count; `on_grad(name, grad)` is
+        called as each gradient is final, last layer first (as autograd's hooks fire), so a
+        data-parallel wrapper can start all-reducing it while backward goes on."""
         xp = module_of(self.params["W0"])
         x, y = batch
         x, y = xp.asarray(x).astype(self.dtype, copy=False), xp.asarray(y)
@@ -55,6 +58,9 @@ class MLP:
         for i in reversed(range(layers)):
             grads[f"W{i}"] = acts[i].T @ g
             grads[f"b{i}"] = g.sum(axis=0)
+            if on_grad is not None:
+                on_grad(f"W{i}", grads[f"W{i}"])
+                on_grad(f"b{i}", grads[f"b{i}"])
             if i:
                 g = (g @ self.params[f"W{i}"].T) * (1 - acts[i] ** 2)
         return loss, {k: grads[k] for k in self.params}, len(y)

@@ -61,10 +61,10 @@ def make_optimizer(name: str, lr: float, momentum: float):
 
 def train_dp(task: Task, steps: int, batch: int, *, comm=None, algorithm="auto", optimizer="sgd", lr=0.1,
              momentum=0.9, seed=0, weighting="global", start=0, ddp=None, opt=None,
-             on_step: Callable[[int, float], None] | None = None):
+             on_step: Callable[[int, float], None] | None = None, overlap: bool | None = None):
     """Data-parallel training; returns (ddp, optimizer, losses)."""
     if ddp is None:
-        ddp = DataParallel(task.make_model(), comm, algorithm=algorithm, weighting=weighting)
+        ddp = DataParallel(task.make_model(), comm, algorithm=algorithm, weighting=weighting, overlap=overlap)
     opt = opt or make_optimizer(optimizer, lr, momentum)
     losses = []
     for s in range(start, start + steps):

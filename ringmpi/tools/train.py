@@ -19,7 +19,7 @@ from ..dp.ps import async_sgd_study
 from ..errors import RankFailure, RingmpiUsageError
 from ..dp.checkpoint import Snapshot, Writer, newest
 from ..dp.ddp import DataParallel, restore, state_arrays
-from ..dp.train import make_optimizer, make_task, max_diff, params_digest, train_dp, train_single
+from ..dp.train import local_batch, make_optimizer, make_task, max_diff, params_digest, train_dp, train_single
 from ..model import dp_step
 from . import args
 
@@ -167,7 +167,7 @@ def _go_on(ns, ddp, opt, steps: _Steps, show: _Progress):
     root = reached.index(max(reached))
     snap = Snapshot(max(reached), {k: to_host(v) for k, v in state_arrays(ddp, opt).items()}) if t.rank == root else None
     data = t.bcast_obj(snap.encode() if snap else None, root)
-    fresh = DataParallel(ddp.model, comm, algorithm=ns.algorithm)
+    fresh = DataParallel(ddp.model, comm, algorithm=ns.algorithm, overlap=ns.overlap)
     steps.done = restore(fresh, opt, Snapshot.decode(data))
     show.rebind(ns, t)
     if t.rank == 0 and not ns.quiet:
@@ -182,7 +182,7 @@ def _train(ns, task, kw):
     """Train with a progress line per step on rank 0 (from the newest checkpoint with
     --checkpoint; on the survivors after a lost rank with --on-failure shrink); returns
     (ddp, seconds, steps run)."""
-    ddp = DataParallel(task.make_model(), None, algorithm=ns.algorithm)
+    ddp = DataParallel(task.make_model(), None, algorithm=ns.algorithm, overlap=ns.overlap)
     opt = make_optimizer(ns.optimizer, ns.lr, ns.momentum)
     saver = _Checkpoints(ns, ddp, opt, task.size) if ns.checkpoint else None
     start = saver.resume() if saver else 0
@@ -249,6 +249,46 @@ def _speedup(ns, t, task, kw, ddp, elapsed) -> None:
               f"(gradients {grad_bytes / 1e6:.2f} MB, profile '{prof.name}')")
 
 
+def _overlap_report(ns, t, task, kw, trained: bool, rounds: int = 5) -> None:
+    """What overlap hides, on fresh replicas of the model trained on the run's first batches:
+    computation per step (forward, backward and update on this rank's share, no
+    communication), communication per step timed alone (the step's all-reduces on its
+    gradients), and the step with and without overlap, interleaved; medians of `rounds`,
+    the slowest rank's. hidden = (compute + communication - overlapped step) / communication."""
+    replicas = {o: DataParallel(task.make_model(), None, algorithm=ns.algorithm, overlap=o) for o in (True, False)}
+    opts = {o: make_optimizer(ns.optimizer, ns.lr, ns.momentum) for o in replicas}
+    alone, alone_opt = task.make_model(), make_optimizer(ns.optimizer, ns.lr, ns.momentum)
+    times: dict[str, list[float]] = {"compute": [], "communication": [], "overlapped": [], "blocking": []}
+
+    def timed(key: str, fn: Callable[[], Any]) -> None:
+        t.barrier()
+        a = time.perf_counter()
+        fn()
+        times[key].append(time.perf_counter() - a)
+
+    for s in range(rounds + 1):    # (the first round warms up: not counted)
+        batch = task.take(task.data, local_batch(task, s, ns.batch, kw["seed"], t.size, t.rank))
+        for o, key in ((True, "overlapped"), (False, "blocking")):
+            timed(key, lambda: replicas[o].step(opts[o], batch))
+
+        def compute() -> None:
+            _, grads, _ = alone.loss_and_grads(batch)
+            alone_opt.step(alone.params, grads)
+        timed("compute", compute)
+        timed("communication", replicas[False].average_gradients)
+        if s == 0:
+            for v in times.values():
+                v.clear()
+    med = {k: max(t.allgather_obj(float(np.median(v)))) for k, v in times.items()}
+    comm, step = med["communication"], med["overlapped"]
+    hidden = (med["compute"] + comm - step) / comm if comm > 0 else 0.0
+    if t.rank == 0:
+        print(f"# overlap: computation {med['compute'] * 1e3:.1f} ms, communication {comm * 1e3:.1f} ms alone; "
+              f"step {step * 1e3:.1f} ms overlapped, {med['blocking'] * 1e3:.1f} ms blocking: hidden {hidden:.0%} "
+              f"({len(replicas[True].buckets)} buckets; this run trained {'overlapped' if trained else 'blocking'})",
+              flush=True)
+
+
 def _run(ns) -> int:
     if ns.staleness:
         return _staleness()
@@ -280,11 +320,14 @@ def _run(ns) -> int:
     if t.rank == 0:
         print(f"# replicas bitwise identical on all {t.size} ranks: {'yes' if same else 'NO'}")
         if ran:
-            print(f"# {elapsed / ran * 1e3:.2f} ms per step, {ns.batch * ran / elapsed:.1f} samples/s")
+            print(f"# {elapsed / ran * 1e3:.2f} ms per step, {ns.batch * ran / elapsed:.1f} samples/s "
+                  f"({'buckets all-reduced during backward' if ddp.overlap else 'all-reduced after backward'})")
     if ns.compare:
         _compare(ns, t, task, kw, ddp)
     if ns.speedup and ran:
         _speedup(ns, t, task, kw, ddp, elapsed / ran * ns.steps)
+        if t.size > 1:
+            _overlap_report(ns, t, task, kw, ddp.overlap)
     if t.rank == 0:   # the last line: runs (an interrupted one and its resumption) compare by it
         print(f"params sha256 {digests[0]}", flush=True)
     return 0 if same else 1
@@ -347,7 +390,11 @@ def add_parser(sub, name: str = "train", text: str = "") -> None:
     a.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     a.add_argument("--seed", type=int, default=0, help="seed of data, initial parameters and shuffling")
     a.add_argument("--compare", action="store_true", help="also run single-process and MPI_Allreduce training")
-    a.add_argument("--speedup", action="store_true", help="measured speedup next to the model's prediction")
+    a.add_argument("--speedup", action="store_true",
+                   help="measured speedup next to the model's prediction, and what overlap hides")
+    a.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
+                   help="all-reduce each gradient bucket as a request during backward (default: where it can "
+                        "hide anything: several hosts, or a core to spare per rank)")
     a.add_argument("--staleness", action="store_true", help="the asynchronous SGD staleness table (no MPI)")
     a.add_argument("--quiet", action="store_true", help="no per-step lines")
     a.add_argument("--checkpoint", metavar="DIR", default="",

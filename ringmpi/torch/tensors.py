@@ -3,7 +3,6 @@ requests whose futures ringmpi's progress thread completes)."""
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import weakref
 from typing import Any, Callable
@@ -15,7 +14,7 @@ except ImportError as _missing:   # the one place that says what to install
 import numpy as np
 
 from .. import collectives
-from ..api import group, request
+from ..api import group, overlaps, request
 from ..dp.arrays import device_module
 
 __all__ = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall",
@@ -155,25 +154,6 @@ def _blocking(name: str) -> Callable:
     call.__name__ = call.__qualname__ = name
     call.__doc__ = f"`ringmpi.{name}` on tensors (same arguments); returns a tensor.\n\n" + (fn.__doc__ or "")
     return call
-
-
-def overlaps(comm: Any = None) -> bool:
-    """Whether a collective beside computation can hide anything on `comm`: where it spans
-    several hosts (the wire does the waiting), or where this host has a core to spare for
-    ringmpi's progress thread beside every rank's computation. Within a host whose cores
-    all compute, the transfer is the CPU's memory copies: the progress thread takes them
-    from the computation it runs beside, and a step gets slower, not faster
-    (benchmarks/README.md, "PyTorch"); the collective then runs blocking, at once."""
-    t = group(comm)
-    nodes = t.nodes
-    if len(set(nodes)) > 1:
-        return True
-    here = nodes.count(nodes[t.rank])
-    try:
-        mine = len(os.sched_getaffinity(0))
-    except AttributeError:          # (no affinity on this platform: every core)
-        mine = os.cpu_count() or 1
-    return mine >= 2 and (os.cpu_count() or 1) >= 2 * here
 
 
 class TensorRequest:

@@ -181,3 +181,98 @@ def test_parameter_server_traffic():
         else:       # a worker receives N and sends N: 2N moved, whatever K is
             assert ps.traffic == {"pull_sent": 0, "push_sent": n_bytes}
     assert losses[-1] < losses[0]
+
+
+# -- overlapped training: buckets all-reduced as requests while backward goes on ----------
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("algorithm", ["ring", "ordered"])
+def test_overlapped_training_gives_the_bits_of_blocking_training(dtype, algorithm):
+    task = make_task("mlp", dtype, seed=5)
+    kw = dict(optimizer="sgd", lr=0.05, momentum=0.9, seed=5)
+    # small buckets: several requests in flight, the first started after the last layer
+    runs = {}
+    for overlap in (True, False):
+        ddp = DataParallel(task.make_model(), COMM, algorithm=algorithm, overlap=overlap, bucket_cap_mb=0.0005,
+                           first_bucket_mb=0.0001)
+        assert ddp.overlap is (overlap and P > 1) and len(ddp.buckets) > 2
+        ddp, _, losses = train_dp(task, 12, 48, ddp=ddp, **kw)
+        runs[overlap] = (params_digest(ddp.params), losses)
+        assert identical_everywhere(ddp.params)
+    assert runs[True] == runs[False]
+    single, ref = train_single(task, 12, 48, **kw)
+    assert np.allclose(runs[True][1], ref, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-6)
+    assert runs[True][1][-1] < runs[True][1][0]
+
+
+class Watched(MLP):
+    """An MLP that notes, as backward reports each gradient, how many buckets have begun."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.ddp = None
+        self.begun: list[int] = []
+
+    def loss_and_grads(self, batch, on_grad=None):
+        def note(name, g):
+            on_grad(name, g)
+            self.begun.append(sum(b.request is not None for b in self.ddp.buckets))
+        return super().loss_and_grads(batch, on_grad=note if on_grad else None)
+
+
+def test_buckets_begin_during_backward_in_order():
+    if P == 1:
+        pytest.skip("one rank: nothing to overlap")
+    x, y = classification(96, 8, 3, seed=4)
+    model = Watched([8, 32, 32, 3], seed=1)
+    ddp = DataParallel(model, COMM, algorithm="ring", overlap=True, bucket_cap_mb=0.001, first_bucket_mb=0.0001)
+    model.ddp = ddp
+    mine = partition_indices(96, P, R, seed=0)
+    ddp.zero_grad()
+    ddp.backward((x[mine], y[mine]))
+    # the last layer's bucket began before the first layer's gradient was ready, and the
+    # count only grows (bucket order); all were waited for and cleared
+    assert model.begun[1] >= 1 and model.begun[-1] <= len(ddp.buckets)
+    assert model.begun == sorted(model.begun)
+    assert all(b.request is None for b in ddp.buckets)
+    ref = DataParallel(MLP([8, 32, 32, 3], seed=1), COMM, algorithm="ring", overlap=False, bucket_cap_mb=0.001,
+                       first_bucket_mb=0.0001)   # (the same buckets: the same sums, bit for bit)
+    ref.zero_grad()
+    ref.backward((x[mine], y[mine]))
+    for k in ddp.grads:
+        assert np.array_equal(ddp.grads[k], ref.grads[k])
+
+
+class PartialStream:
+    """Gradients reported as they are final, in reverse order; 'b' only on even ranks, 'a'
+    never: a rank whose bucket of 'b' never fills must still start buckets in order."""
+
+    def __init__(self):
+        self.params = {"a": np.zeros(3), "b": np.ones(5), "c": np.arange(4.0), "d": np.ones(2)}
+
+    def loss_and_grads(self, batch, on_grad=None):
+        g = {"d": np.full(2, R + 1.0), "c": np.full(4, 2.0 * R)}
+        if R % 2 == 0:
+            g["b"] = np.full(5, 3.0)
+        for k in ("d", "c", "b"):
+            if k in g and on_grad:
+                on_grad(k, g[k])
+        return float(R), g, 2
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_overlap_with_unused_parameters_and_accumulation(overlap):
+    ddp = DataParallel(PartialStream(), COMM, find_unused_parameters=True, algorithm="ring", overlap=overlap,
+                       bucket_cap_mb=1e-6, first_bucket_mb=1e-6)   # one bucket per parameter
+    assert len(ddp.buckets) == 4
+    ddp.zero_grad()
+    with ddp.no_sync():
+        ddp.backward(None)
+    assert all(b.request is None for b in ddp.buckets) and ddp.allreduce_calls == 0
+    ddp.backward(None)
+    count = 4 * P
+    assert np.allclose(ddp.grads["d"], 2 * sum(r + 1.0 for r in range(P)) / count)
+    assert np.allclose(ddp.grads["c"], 2 * sum(2.0 * r for r in range(P)) / count)
+    assert np.allclose(ddp.grads["b"], 2 * 3.0 * len(range(0, P, 2)) / count)
+    assert ddp.grads["a"] is None
+    assert ddp.global_loss == pytest.approx(2 * sum(range(P)) / count)
