@@ -6,7 +6,7 @@ import inspect
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -14,6 +14,7 @@ from .. import collectives as api
 from ..api import group, overlaps
 from .arrays import module_of, to_host
 from .checkpoint import Snapshot, newest, write
+from .hooks import GradBucket
 
 __all__ = ["partition_indices", "DataParallel", "state_arrays", "restore", "save_checkpoint", "load_checkpoint"]
 
@@ -63,7 +64,8 @@ class DataParallel:
 
     def __init__(self, model: Any, comm: Any = None, *, algorithm: str = "auto",
                  bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0, weighting: str = "global",
-                 find_unused_parameters: bool = False, overlap: bool | None = None) -> None:
+                 find_unused_parameters: bool = False, overlap: bool | None = None,
+                 comm_hook: Callable[[Any, GradBucket], Any] | None = None, hook_state: Any = None) -> None:
         if weighting not in ("global", "mean"):
             raise ValueError(f"DataParallel: weighting must be 'global' or 'mean', got {weighting!r}")
         self.model, self.comm, self.algorithm = model, comm, algorithm
@@ -88,10 +90,26 @@ class DataParallel:
         self.overlap = bool(self.t.size > 1 and weighting == "global"
                             and api.allreduce(np.array([float(want)]), op="min", comm=comm, algorithm="auto")[0])
         self.streams = "on_grad" in inspect.signature(model.loss_and_grads).parameters
+        self.register_comm_hook(hook_state, comm_hook)
         self.allreduce_calls = 0
         self._sync = True
         self._next = len(self.buckets)   # the next bucket to start (all started: none in flight)
         self.zero_grad()
+
+    def register_comm_hook(self, state: Any, hook: Callable[[Any, GradBucket], Any] | None) -> None:
+        """How each bucket is all-reduced (`ringmpi.dp.hooks`; None: a plain SUM)."""
+        self.hook, self.hook_state = hook, state
+
+    def _communicate(self, index: int, b: _Bucket, blocking: bool) -> Any:
+        """Start bucket `index`'s all-reduce (a request, or a hook's future), or run it now."""
+        self.allreduce_calls += 1
+        if self.hook is None:
+            if blocking:
+                return api.allreduce(b.flat, b.flat, comm=self.comm, algorithm=self.algorithm)
+            return api.iallreduce(b.flat, b.flat, comm=self.comm, algorithm=self.algorithm)
+        future = self.hook(self.hook_state, GradBucket(index, b.flat, b.names, [self.params[k].shape for k in b.names],
+                                                       self.comm, self.algorithm))
+        return future.wait() if blocking else future
 
     def _make_buckets(self, cap: float, first: float) -> list[list[str]]:
         """Reverse parameter order (gradients of the last layers are ready first), byte cap."""
@@ -165,8 +183,7 @@ class DataParallel:
         while self._next < len(self.buckets) and not self.buckets[self._next].waiting:
             b = self.buckets[self._next]
             self._pack(b)
-            b.request = api.iallreduce(b.flat, b.flat, comm=self.comm, algorithm=self.algorithm)
-            self.allreduce_calls += 1
+            b.request = self._communicate(self._next, b, blocking=False)
             self._next += 1
 
     def _pack(self, b: _Bucket) -> None:
@@ -183,15 +200,13 @@ class DataParallel:
         head = api.allreduce(head, comm=self.comm, algorithm=self.algorithm)
         scalars, present = head[:2], head[2:]
         started = self._next == len(self.buckets) and any(b.request is not None for b in self.buckets)
-        if started:
-            api.waitall([b.request for b in self.buckets])
-        else:
-            for b in self.buckets:
+        for i, b in enumerate(self.buckets):
+            if not started:
                 self._pack(b)
-                api.allreduce(b.flat, b.flat, comm=self.comm, algorithm=self.algorithm)
-                self.allreduce_calls += 1
-        for b in self.buckets:
+            summed = b.request.wait() if started else self._communicate(i, b, blocking=True)
             b.request = None
+            if summed is not b.flat:
+                b.flat[...] = summed
         if not self.find_unused and np.any(present < p):
             missing = [k for k, c in zip(names, present) if c < p]
             raise RuntimeError(f"DataParallel (rank {self.t.rank}): parameters {missing} got no gradient "

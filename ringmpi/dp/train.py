@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import random
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from .arrays import to_host
-from .ddp import DataParallel, partition_indices
 from .data import char_sequences, classification
+from .ddp import DataParallel, partition_indices
+from .hooks import HOOKS
 from .models import MLP, CharRNN
 from .optim import SGD, Adam
 
@@ -61,10 +63,13 @@ def make_optimizer(name: str, lr: float, momentum: float):
 
 def train_dp(task: Task, steps: int, batch: int, *, comm=None, algorithm="auto", optimizer="sgd", lr=0.1,
              momentum=0.9, seed=0, weighting="global", start=0, ddp=None, opt=None,
-             on_step: Callable[[int, float], None] | None = None, overlap: bool | None = None):
-    """Data-parallel training; returns (ddp, optimizer, losses)."""
+             on_step: Callable[[int, float], None] | None = None, overlap: bool | None = None,
+             hook: str = "allreduce"):
+    """Data-parallel training (`hook`: one of `hooks.HOOKS`); returns (ddp, optimizer, losses)."""
     if ddp is None:
-        ddp = DataParallel(task.make_model(), comm, algorithm=algorithm, weighting=weighting, overlap=overlap)
+        fn, state = HOOKS[hook]
+        ddp = DataParallel(task.make_model(), comm, algorithm=algorithm, weighting=weighting, overlap=overlap,
+                           comm_hook=None if hook == "allreduce" else fn, hook_state=state())
     opt = opt or make_optimizer(optimizer, lr, momentum)
     losses = []
     for s in range(start, start + steps):
@@ -73,6 +78,45 @@ def train_dp(task: Task, steps: int, batch: int, *, comm=None, algorithm="auto",
         if on_step:
             on_step(s, losses[-1])
     return ddp, opt, losses
+
+
+def time_overlap(task: Task, batch: int, seed: int, replica: Callable[[bool], DataParallel],
+                 optimizer: Callable[[], Any], rounds: int = 5) -> dict[str, float]:
+    """What overlap hides, measured on fresh replicas (`replica(overlap)`) trained on the
+    first batches: computation per step (forward, backward and update on this rank's share,
+    no communication), communication per step timed alone (the step's all-reduces on its
+    gradients), and the step with and without overlap, interleaved; medians of `rounds`
+    (after one to warm up), the slowest rank's. hidden = (computation + communication -
+    overlapped step) / communication."""
+    replicas = {o: replica(o) for o in (True, False)}
+    t = replicas[True].t
+    opts = {o: optimizer() for o in replicas}
+    alone, alone_opt = task.make_model(), optimizer()
+    times: dict[str, list[float]] = {"compute": [], "communication": [], "overlapped": [], "blocking": []}
+
+    def timed(key: str, fn: Callable[[], Any]) -> None:
+        t.barrier()
+        a = time.perf_counter()
+        fn()
+        times[key].append(time.perf_counter() - a)
+
+    def compute() -> None:
+        _, grads, _ = alone.loss_and_grads(data)
+        alone_opt.step(alone.params, grads)
+
+    for s in range(rounds + 1):
+        data = task.take(task.data, local_batch(task, s, batch, seed, t.size, t.rank))
+        timed("overlapped", lambda: replicas[True].step(opts[True], data))
+        timed("blocking", lambda: replicas[False].step(opts[False], data))
+        timed("compute", compute)
+        timed("communication", replicas[False].average_gradients)
+        if s == 0:
+            for v in times.values():
+                v.clear()
+    med = {k: max(t.allgather_obj(float(np.median(v)))) for k, v in times.items()}
+    comm = med["communication"]
+    med["hidden"] = (med["compute"] + comm - med["overlapped"]) / comm if comm > 0 else 0.0
+    return med
 
 
 def train_single(task: Task, steps: int, batch: int, *, optimizer="sgd", lr=0.1, momentum=0.9, seed=0):

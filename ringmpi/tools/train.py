@@ -19,7 +19,8 @@ from ..dp.ps import async_sgd_study
 from ..errors import RankFailure, RingmpiUsageError
 from ..dp.checkpoint import Snapshot, Writer, newest
 from ..dp.ddp import DataParallel, restore, state_arrays
-from ..dp.train import local_batch, make_optimizer, make_task, max_diff, params_digest, train_dp, train_single
+from ..dp.hooks import HOOKS
+from ..dp.train import make_optimizer, make_task, max_diff, params_digest, time_overlap, train_dp, train_single
 from ..model import dp_step
 from . import args
 
@@ -167,7 +168,7 @@ def _go_on(ns, ddp, opt, steps: _Steps, show: _Progress):
     root = reached.index(max(reached))
     snap = Snapshot(max(reached), {k: to_host(v) for k, v in state_arrays(ddp, opt).items()}) if t.rank == root else None
     data = t.bcast_obj(snap.encode() if snap else None, root)
-    fresh = DataParallel(ddp.model, comm, algorithm=ns.algorithm, overlap=ns.overlap)
+    fresh = _replica(ns, ddp.model, comm, ns.overlap)
     steps.done = restore(fresh, opt, Snapshot.decode(data))
     show.rebind(ns, t)
     if t.rank == 0 and not ns.quiet:
@@ -178,11 +179,17 @@ def _go_on(ns, ddp, opt, steps: _Steps, show: _Progress):
     return fresh
 
 
+def _replica(ns, model, comm, overlap: bool | None) -> DataParallel:
+    hook, state = HOOKS[ns.hook]
+    return DataParallel(model, comm, algorithm=ns.algorithm, overlap=overlap,
+                        comm_hook=None if ns.hook == "allreduce" else hook, hook_state=state())
+
+
 def _train(ns, task, kw):
     """Train with a progress line per step on rank 0 (from the newest checkpoint with
     --checkpoint; on the survivors after a lost rank with --on-failure shrink); returns
     (ddp, seconds, steps run)."""
-    ddp = DataParallel(task.make_model(), None, algorithm=ns.algorithm, overlap=ns.overlap)
+    ddp = _replica(ns, task.make_model(), None, ns.overlap)
     opt = make_optimizer(ns.optimizer, ns.lr, ns.momentum)
     saver = _Checkpoints(ns, ddp, opt, task.size) if ns.checkpoint else None
     start = saver.resume() if saver else 0
@@ -249,43 +256,14 @@ def _speedup(ns, t, task, kw, ddp, elapsed) -> None:
               f"(gradients {grad_bytes / 1e6:.2f} MB, profile '{prof.name}')")
 
 
-def _overlap_report(ns, t, task, kw, trained: bool, rounds: int = 5) -> None:
-    """What overlap hides, on fresh replicas of the model trained on the run's first batches:
-    computation per step (forward, backward and update on this rank's share, no
-    communication), communication per step timed alone (the step's all-reduces on its
-    gradients), and the step with and without overlap, interleaved; medians of `rounds`,
-    the slowest rank's. hidden = (compute + communication - overlapped step) / communication."""
-    replicas = {o: DataParallel(task.make_model(), None, algorithm=ns.algorithm, overlap=o) for o in (True, False)}
-    opts = {o: make_optimizer(ns.optimizer, ns.lr, ns.momentum) for o in replicas}
-    alone, alone_opt = task.make_model(), make_optimizer(ns.optimizer, ns.lr, ns.momentum)
-    times: dict[str, list[float]] = {"compute": [], "communication": [], "overlapped": [], "blocking": []}
-
-    def timed(key: str, fn: Callable[[], Any]) -> None:
-        t.barrier()
-        a = time.perf_counter()
-        fn()
-        times[key].append(time.perf_counter() - a)
-
-    for s in range(rounds + 1):    # (the first round warms up: not counted)
-        batch = task.take(task.data, local_batch(task, s, ns.batch, kw["seed"], t.size, t.rank))
-        for o, key in ((True, "overlapped"), (False, "blocking")):
-            timed(key, lambda: replicas[o].step(opts[o], batch))
-
-        def compute() -> None:
-            _, grads, _ = alone.loss_and_grads(batch)
-            alone_opt.step(alone.params, grads)
-        timed("compute", compute)
-        timed("communication", replicas[False].average_gradients)
-        if s == 0:
-            for v in times.values():
-                v.clear()
-    med = {k: max(t.allgather_obj(float(np.median(v)))) for k, v in times.items()}
-    comm, step = med["communication"], med["overlapped"]
-    hidden = (med["compute"] + comm - step) / comm if comm > 0 else 0.0
+def _overlap_report(ns, t, task, kw, trained: bool) -> None:
+    """What overlap hides (`time_overlap`), on fresh replicas of the model."""
+    med = time_overlap(task, ns.batch, kw["seed"], lambda o: _replica(ns, task.make_model(), None, o),
+                       lambda: make_optimizer(ns.optimizer, ns.lr, ns.momentum))
     if t.rank == 0:
-        print(f"# overlap: computation {med['compute'] * 1e3:.1f} ms, communication {comm * 1e3:.1f} ms alone; "
-              f"step {step * 1e3:.1f} ms overlapped, {med['blocking'] * 1e3:.1f} ms blocking: hidden {hidden:.0%} "
-              f"({len(replicas[True].buckets)} buckets; this run trained {'overlapped' if trained else 'blocking'})",
+        print(f"# overlap: computation {med['compute'] * 1e3:.1f} ms, communication {med['communication'] * 1e3:.1f} "
+              f"ms alone; step {med['overlapped'] * 1e3:.1f} ms overlapped, {med['blocking'] * 1e3:.1f} ms blocking: "
+              f"hidden {med['hidden']:.0%} (hook {ns.hook}; this run trained {'overlapped' if trained else 'blocking'})",
               flush=True)
 
 
@@ -392,6 +370,9 @@ def add_parser(sub, name: str = "train", text: str = "") -> None:
     a.add_argument("--compare", action="store_true", help="also run single-process and MPI_Allreduce training")
     a.add_argument("--speedup", action="store_true",
                    help="measured speedup next to the model's prediction, and what overlap hides")
+    a.add_argument("--hook", choices=list(HOOKS), default="allreduce",
+                   help="how each gradient bucket is all-reduced: as it is, cast to fp16 or bf16 for the wire, or "
+                        "PowerSGD's rank-4 factors with error feedback (ringmpi.dp.hooks)")
     a.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
                    help="all-reduce each gradient bucket as a request during backward (default: where it can "
                         "hide anything: several hosts, or a core to spare per rank)")

@@ -276,3 +276,67 @@ def test_overlap_with_unused_parameters_and_accumulation(overlap):
     assert np.allclose(ddp.grads["b"], 2 * 3.0 * len(range(0, P, 2)) / count)
     assert ddp.grads["a"] is None
     assert ddp.global_loss == pytest.approx(2 * sum(range(P)) / count)
+
+
+# -- communication hooks ---------------------------------------------------------------
+
+def _hooked(hook, state, overlap, dtype=np.float32, sizes=(8, 24, 16, 3)):
+    """One synchronised backward of an MLP on this rank's share; the averaged gradients."""
+    x, y = classification(64, sizes[0], sizes[-1], seed=6)
+    ddp = DataParallel(MLP(list(sizes), seed=3, dtype=dtype), COMM, algorithm="ring", overlap=overlap,
+                       comm_hook=hook, hook_state=state, bucket_cap_mb=0.001, first_bucket_mb=0.0005)
+    mine = partition_indices(64, P, R, seed=2)
+    ddp.zero_grad()
+    ddp.backward((x[mine], y[mine]))
+    return ddp, (x[mine], y[mine])
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_hooks_reduce_what_they_promise(overlap):
+    from ringmpi.dp.hooks import allreduce_hook, bf16_hook, fp16_hook
+    ref, _ = _hooked(None, None, False)
+    plain, _ = _hooked(allreduce_hook, None, overlap)
+    for k in ref.grads:
+        assert np.array_equal(plain.grads[k], ref.grads[k])
+    for hook, tol in ((fp16_hook, 2e-3), (bf16_hook, 2e-2)):
+        got, _ = _hooked(hook, {}, overlap)
+        for k in ref.grads:
+            scale = np.abs(ref.grads[k]).max()
+            assert np.allclose(got.grads[k], ref.grads[k], rtol=tol, atol=tol * scale), (hook, k)
+            assert got.grads[k].dtype == np.float32
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_powersgd_equals_its_definition(overlap):
+    """The hook's result against numpy on every rank's gradients gathered: P = sum M_k Q0,
+    orthonormalised; Q = sum M_k^T P; P Q^T / count; vectors summed exactly; each rank's
+    error feedback M_k - P P^T M_k; a second step adds it and starts from Q (warm)."""
+    from ringmpi.dp.hooks import PowerSGD, _orthonormalise, powersgd_hook
+    state = PowerSGD(rank=2, seed=7)
+    ddp, batch = _hooked(powersgd_hook, state, overlap, dtype=np.float64)
+    _, local, count = MLP([8, 24, 16, 3], seed=3, dtype=np.float64).loss_and_grads(batch)
+    every = COMM.allgather(local)
+    total = COMM.allreduce(count)
+    for k, g in local.items():
+        ms = [e[k] for e in every]
+        if g.ndim == 2 and 2 < min(g.shape):
+            q0 = np.random.default_rng([7, sum(map(ord, k))]).standard_normal((g.shape[1], 2))
+            p = _orthonormalise(sum(m @ q0 for m in ms))
+            q = sum(m.T @ p for m in ms)
+            assert np.allclose(ddp.grads[k], p @ q.T / total, rtol=1e-9, atol=1e-12), k
+            assert np.allclose(state.error[k], g - p @ (g.T @ p).T, rtol=1e-9, atol=1e-12)
+            assert np.allclose(state.q[k], q, rtol=1e-9, atol=1e-12)
+        else:
+            assert np.allclose(ddp.grads[k], sum(ms) / total, rtol=1e-12, atol=1e-14), k
+    assert identical_everywhere({k: v for k, v in ddp.grads.items()})
+
+
+@pytest.mark.parametrize("hook", ["fp16", "bf16", "powersgd"])
+def test_training_with_a_hook_learns_and_keeps_replicas_identical(hook):
+    task = make_task("mlp", np.float32, seed=4)
+    kw = dict(optimizer="sgd", lr=0.05, momentum=0.9, seed=4)
+    ddp, _, losses = train_dp(task, 15, 48, algorithm="ring", hook=hook, **kw)
+    assert identical_everywhere(ddp.params)
+    _, ref = train_single(task, 15, 48, **kw)
+    assert losses[-1] < losses[0]
+    assert abs(losses[-1] - ref[-1]) <= 0.1 * ref[-1]

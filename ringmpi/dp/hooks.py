@@ -1,0 +1,157 @@
+"""Communication hooks: how `DataParallel` all-reduces a bucket of gradients (DDP's
+`register_comm_hook`). One small signature:
+
+    hook(state, bucket: GradBucket) -> future      # future.wait() -> the bucket summed
+
+`bucket.buffer` holds this rank's gradient sums, packed; the future's `wait()` returns an
+array of its size holding them summed over the ranks (the buffer itself may be reused), and
+`DataParallel` then divides by the global sample count. A hook starts its communication as
+requests (`ringmpi.iallreduce`), so with overlap it runs while backward goes on.
+
+- `allreduce_hook`: the default, a SUM of the buffer as it is.
+- `fp16_hook`, `bf16_hook`: the buffer cast for the wire (pre-divided by the rank count, as
+  DDP does, so a sum over ranks cannot overflow float16), all-reduced with float32
+  accumulation (`ringmpi.ops`: 16-bit payloads, float32 partial sums by default,
+  RINGMPI_PARTIALS=16 for 16-bit hops: half of float32's bytes), cast back.
+- `powersgd_hook` (Vogels, Karimireddy and Jaggi, NeurIPS 2019): each matrix gradient M
+  (plus its error feedback) is sent as two rank-r factors: P = M Q all-reduced and
+  orthonormalised, then Q = M^T P all-reduced; the sum is approximated by P Q^T. Each rank
+  keeps what its own projection missed, M - P P^T M, and adds it to the next step's
+  gradient (error feedback); Q starts from the last step's (warm start), the same seeded
+  random matrix on every rank at first. Vectors (biases) travel uncompressed with P.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import ml_dtypes
+import numpy as np
+
+from .. import collectives as api
+from ..api import group
+
+__all__ = ["GradBucket", "Then", "allreduce_hook", "fp16_hook", "bf16_hook", "PowerSGD", "powersgd_hook", "HOOKS"]
+
+
+@dataclass(eq=False)
+class GradBucket:
+    """What a hook gets: the bucket's position (`index`, the same on every rank), this
+    rank's packed gradient sums (`buffer`), its parameters' names and shapes in the
+    buffer's order, and where and how to communicate."""
+    index: int
+    buffer: Any
+    names: list[str]
+    shapes: list[tuple[int, ...]]
+    comm: Any = None
+    algorithm: str = "auto"
+
+    def iallreduce(self, x: Any) -> Any:
+        """x summed over the ranks, in place, as a request."""
+        return api.iallreduce(x, x, comm=self.comm, algorithm=self.algorithm)
+
+
+class Then:
+    """A future: `wait()` waits for `request` and returns `fn` of its result."""
+    __slots__ = ("request", "fn")
+
+    def __init__(self, request: Any, fn: Callable[[Any], Any]) -> None:
+        self.request, self.fn = request, fn
+
+    def wait(self) -> Any:
+        return self.fn(self.request.wait())
+
+
+def allreduce_hook(state: Any, bucket: GradBucket) -> Any:
+    """The default: the buffer summed as it is."""
+    return bucket.iallreduce(bucket.buffer)
+
+
+def _cast_hook(dtype: Any) -> Callable[[Any, GradBucket], Any]:
+    def hook(state: dict, bucket: GradBucket) -> Any:
+        p = group(bucket.comm).size
+        low = state.get(bucket.index)
+        if low is None or low.size != bucket.buffer.size:
+            low = state[bucket.index] = np.empty(bucket.buffer.size, dtype)   # kept: one per bucket
+        np.multiply(bucket.buffer, 1.0 / p, out=low, casting="unsafe")
+
+        def back(summed: Any) -> Any:
+            np.multiply(summed, p, out=bucket.buffer, casting="unsafe")
+            return bucket.buffer
+        return Then(bucket.iallreduce(low), back)
+    return hook
+
+
+fp16_hook = _cast_hook(np.float16)
+fp16_hook.__doc__ = "The bucket in float16 on the wire, reduced with float32 accumulation."
+bf16_hook = _cast_hook(ml_dtypes.bfloat16)
+bf16_hook.__doc__ = "The bucket in bfloat16 on the wire, reduced with float32 accumulation."
+
+
+@dataclass(eq=False)
+class PowerSGD:
+    """PowerSGD's state: the rank r of the factors, each matrix's warm-started Q and error
+    feedback (by parameter name), and the seed of the first Q (the same on every rank)."""
+    rank: int = 4
+    seed: int = 0
+    q: dict[str, np.ndarray] = field(default_factory=dict)
+    error: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def _orthonormalise(p: np.ndarray) -> np.ndarray:
+    """Orthonormal columns spanning p's (Gram-Schmidt as QR; the same bits on every rank,
+    which all hold the same summed p)."""
+    q, r = np.linalg.qr(p)
+    return q * np.where(np.diag(r) < 0, -1.0, 1.0)   # a sign convention: unique
+
+
+def powersgd_hook(state: PowerSGD, bucket: GradBucket) -> Any:
+    """Rank-r factors of every matrix instead of the matrix (see the module docstring)."""
+    views, off = [], 0
+    for name, shape in zip(bucket.names, bucket.shapes):
+        n = int(np.prod(shape))
+        views.append((name, bucket.buffer[off:off + n].reshape(shape)))
+        off += n
+    mats = [(k, v) for k, v in views if v.ndim == 2 and state.rank < min(v.shape)]
+    vecs = [(k, v) for k, v in views if not (v.ndim == 2 and state.rank < min(v.shape))]
+    dt = bucket.buffer.dtype
+    m = {}
+    for k, v in mats:
+        m[k] = v + state.error[k] if k in state.error else v.copy()
+        if k not in state.q:
+            rng = np.random.default_rng([state.seed, sum(map(ord, k))])
+            state.q[k] = rng.standard_normal((v.shape[1], state.rank)).astype(dt)
+    first = np.concatenate([(m[k] @ state.q[k]).ravel() for k, _ in mats] + [v.ravel() for _, v in vecs]
+                           + [np.zeros(0, dt)])
+    req = bucket.iallreduce(first)
+
+    def second(summed: np.ndarray) -> np.ndarray:
+        ps, at = {}, 0
+        for k, v in mats:
+            ps[k] = _orthonormalise(summed[at:at + v.shape[0] * state.rank].reshape(v.shape[0], state.rank))
+            at += v.shape[0] * state.rank
+        for _, v in vecs:
+            v[...] = summed[at:at + v.size].reshape(v.shape)
+            at += v.size
+        qs = {k: m[k].T @ ps[k] for k, _ in mats}
+        for k, _ in mats:   # what this rank's projection misses: fed back next step
+            state.error[k] = m[k] - ps[k] @ qs[k].T
+        flat = np.concatenate([qs[k].ravel() for k, _ in mats] + [np.zeros(0, dt)])
+        flat = bucket.iallreduce(flat).wait()
+        at = 0
+        for k, v in mats:
+            q = flat[at:at + v.shape[1] * state.rank].reshape(v.shape[1], state.rank)
+            at += q.size
+            v[...] = ps[k] @ q.T
+            state.q[k] = q.copy()   # warm start
+        return bucket.buffer
+    return Then(req, second)
+
+
+# the hooks `ringmpi train --hook` offers, with their state's maker
+HOOKS: dict[str, tuple[Callable[[Any, GradBucket], Any], Callable[[], Any]]] = {
+    "allreduce": (allreduce_hook, lambda: None),
+    "fp16": (fp16_hook, dict),
+    "bf16": (bf16_hook, dict),
+    "powersgd": (powersgd_hook, PowerSGD),
+}
