@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -16,7 +17,7 @@ from .arrays import module_of, to_host
 from .checkpoint import Snapshot, newest, write
 from .hooks import GradBucket
 
-__all__ = ["partition_indices", "DataParallel", "state_arrays", "restore", "save_checkpoint", "load_checkpoint"]
+__all__ = ["partition_indices", "DataParallel", "BucketPlan", "CAPS_MB", "state_arrays", "restore", "save_checkpoint", "load_checkpoint"]
 
 
 def partition_indices(size: int, world_size: int, rank: int, seed: int) -> list[int]:
@@ -41,6 +42,26 @@ class _Bucket:
     flat: Any
     waiting: set[str] = field(default_factory=set)
     request: Any = None
+
+
+CAPS_MB = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 25.0)   # the bucket caps `tune_buckets` weighs
+
+
+@dataclass(eq=False)
+class BucketPlan:
+    """What `DataParallel.tune_buckets` measured (the backward's duration, the all-reduce's
+    a + b n) and predicted (the step for each cap, in MB), and the cap it chose."""
+    backward: float
+    alpha: float
+    beta: float
+    predicted: dict[float, float] = field(default_factory=dict)
+    cap_mb: float = 25.0
+
+    def describe(self) -> str:
+        best = self.predicted[self.cap_mb]
+        alts = ", ".join(f"{c:g} MB {v * 1e3:.1f}" for c, v in self.predicted.items())
+        return (f"bucket cap {self.cap_mb:g} MB: predicted step {best * 1e3:.1f} ms (backward {self.backward * 1e3:.1f} "
+                f"ms, all-reduce {self.alpha * 1e6:.0f} us + {self.beta * 1e9:.2f} ns/B; caps {alts} ms)")
 
 
 class DataParallel:
@@ -79,12 +100,7 @@ class DataParallel:
         # NCCL does with registered buffers), else a plain array
         # (on a GPU: device buffers, all-reduced on the device, staged or CUDA-aware)
         self.xp = module_of(next(iter(self.params.values()))) if self.params else np
-        one_host = self.t.size > 1 and len(set(self.t.nodes)) == 1 and self.xp is np
-        self.buckets = []
-        for names in self._make_buckets(bucket_cap_mb * 1e6, first_bucket_mb * 1e6):
-            n, dt = sum(self.params[k].size for k in names), np.result_type(*(self.params[k].dtype for k in names))
-            self.buckets.append(_Bucket(names, api.shared_empty(n, dt, comm=comm) if one_host else self.xp.empty(n, dt)))
-        self.bucket_of = {k: b for b in self.buckets for k in b.names}
+        self._bucketize(bucket_cap_mb, first_bucket_mb)
         want = (overlaps(comm) and self.t.wire) if overlap is None else overlap
         # (a choice every rank must share: the order of the collectives depends on it)
         self.overlap = bool(self.t.size > 1 and weighting == "global"
@@ -95,6 +111,69 @@ class DataParallel:
         self._sync = True
         self._next = len(self.buckets)   # the next bucket to start (all started: none in flight)
         self.zero_grad()
+
+    def _bucketize(self, cap_mb: float, first_mb: float) -> None:
+        one_host = self.t.size > 1 and len(set(self.t.nodes)) == 1 and self.xp is np
+        self.buckets = []
+        for names in self._make_buckets(cap_mb * 1e6, first_mb * 1e6):
+            n, dt = sum(self.params[k].size for k in names), np.result_type(*(self.params[k].dtype for k in names))
+            flat = api.shared_empty(n, dt, comm=self.comm) if one_host else self.xp.empty(n, dt)
+            self.buckets.append(_Bucket(names, flat))
+        self.bucket_of = {k: b for b in self.buckets for k in b.names}
+        self.bucket_cap_mb, self.first_bucket_mb = cap_mb, first_mb
+
+    def tune_buckets(self, batch, caps_mb: tuple[float, ...] = CAPS_MB) -> BucketPlan:
+        """Choose the byte cap from this model and this link: larger buckets pay the
+        all-reduce's fixed cost fewer times, smaller ones start earlier. Measured: when each
+        gradient is final in one backward on `batch` (the slowest rank's times), and the
+        all-reduce's time at two sizes (a + b n); predicted, for every cap: the overlapped
+        timeline (a bucket starts when its last gradient is final and the one before it is
+        done); the buckets are rebuilt with the fastest cap (the larger on a tie)."""
+        ready: dict[str, float] = {}
+        begun = time.perf_counter()
+
+        def on_grad(name: str, g) -> None:
+            ready[name] = time.perf_counter() - begun
+        if self.streams:
+            self.model.loss_and_grads(batch, on_grad=on_grad)
+        else:
+            self.model.loss_and_grads(batch)
+        end = time.perf_counter() - begun
+        names = list(self.params)
+        mine = np.array([ready.get(k, end) for k in names] + [end])
+        when = api.allreduce(mine, op="max", comm=self.comm, algorithm="auto")
+        ready, end = dict(zip(names, when[:-1])), float(when[-1])
+        a, b = self._link()
+        plan = BucketPlan(backward=end, alpha=a, beta=b)
+        for cap in caps_mb:
+            t_end = 0.0
+            for bucket in self._make_buckets(cap * 1e6, min(cap, self.first_bucket_mb) * 1e6):
+                nbytes = sum(self.params[k].nbytes for k in bucket)
+                t_end = max(t_end, max(ready[k] for k in bucket)) + a + b * nbytes
+            plan.predicted[cap] = max(end, t_end)
+        best = min(plan.predicted.values())
+        plan.cap_mb = max(c for c, v in plan.predicted.items() if v <= best * (1 + 1e-9))
+        self._bucketize(plan.cap_mb, min(plan.cap_mb, self.first_bucket_mb))
+        self.zero_grad()
+        return plan
+
+    def _link(self, small: int = 1 << 14, large: int = 1 << 22, reps: int = 5) -> tuple[float, float]:
+        """(a, b): this communicator's all-reduce of n bytes takes a + b n seconds, from
+        the medians of `reps` calls at two sizes (the same on every rank: rank 0's)."""
+        dt = np.result_type(*(v.dtype for v in self.params.values())) if self.params else np.float32
+        times = []
+        for n in (small, large):
+            x = self.xp.zeros(max(1, n // np.dtype(dt).itemsize), dt)
+            runs = []
+            for _ in range(reps + 1):
+                self.t.barrier()
+                t0 = time.perf_counter()
+                api.allreduce(x, x, comm=self.comm, algorithm=self.algorithm)
+                runs.append(time.perf_counter() - t0)
+            times.append(float(np.median(runs[1:])))
+        b = max(0.0, (times[1] - times[0]) / (large - small))
+        a = max(0.0, times[0] - b * small)
+        return self.t.bcast_obj((a, b), 0)
 
     def register_comm_hook(self, state: Any, hook: Callable[[Any, GradBucket], Any] | None) -> None:
         """How each bucket is all-reduced (`ringmpi.dp.hooks`; None: a plain SUM)."""

@@ -20,7 +20,7 @@ from ..errors import RankFailure, RingmpiUsageError
 from ..dp.checkpoint import Snapshot, Writer, newest
 from ..dp.ddp import DataParallel, restore, state_arrays
 from ..dp.hooks import HOOKS
-from ..dp.train import make_optimizer, make_task, max_diff, params_digest, time_overlap, train_dp, train_single
+from ..dp.train import local_batch, make_optimizer, make_task, max_diff, params_digest, time_overlap, train_dp, train_single
 from ..model import dp_step
 from . import args
 
@@ -179,9 +179,19 @@ def _go_on(ns, ddp, opt, steps: _Steps, show: _Progress):
     return fresh
 
 
-def _replica(ns, model, comm, overlap: bool | None) -> DataParallel:
+def _bucket_cap(text: str) -> float | str:
+    if text == "auto":
+        return text
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a size in MB > 0 or auto, got {text}")
+    return value
+
+
+def _replica(ns, model, comm, overlap: bool | None, cap: float | None = None) -> DataParallel:
     hook, state = HOOKS[ns.hook]
-    return DataParallel(model, comm, algorithm=ns.algorithm, overlap=overlap,
+    cap = cap if cap is not None else 25.0 if ns.bucket_cap == "auto" else ns.bucket_cap
+    return DataParallel(model, comm, algorithm=ns.algorithm, overlap=overlap, bucket_cap_mb=cap,
                         comm_hook=None if ns.hook == "allreduce" else hook, hook_state=state())
 
 
@@ -190,6 +200,10 @@ def _train(ns, task, kw):
     --checkpoint; on the survivors after a lost rank with --on-failure shrink); returns
     (ddp, seconds, steps run)."""
     ddp = _replica(ns, task.make_model(), None, ns.overlap)
+    if ns.bucket_cap == "auto":
+        plan = ddp.tune_buckets(task.take(task.data, local_batch(task, 0, ns.batch, ns.seed, ddp.t.size, ddp.t.rank)))
+        if ddp.t.rank == 0 and not ns.quiet:
+            print(f"# {plan.describe()}", flush=True)
     opt = make_optimizer(ns.optimizer, ns.lr, ns.momentum)
     saver = _Checkpoints(ns, ddp, opt, task.size) if ns.checkpoint else None
     start = saver.resume() if saver else 0
@@ -256,14 +270,15 @@ def _speedup(ns, t, task, kw, ddp, elapsed) -> None:
               f"(gradients {grad_bytes / 1e6:.2f} MB, profile '{prof.name}')")
 
 
-def _overlap_report(ns, t, task, kw, trained: bool) -> None:
-    """What overlap hides (`time_overlap`), on fresh replicas of the model."""
-    med = time_overlap(task, ns.batch, kw["seed"], lambda o: _replica(ns, task.make_model(), None, o),
+def _overlap_report(ns, t, task, kw, trained: bool, cap: float) -> None:
+    """What overlap hides (`time_overlap`), on fresh replicas of the model (buckets of `cap` MB)."""
+    med = time_overlap(task, ns.batch, kw["seed"], lambda o: _replica(ns, task.make_model(), None, o, cap),
                        lambda: make_optimizer(ns.optimizer, ns.lr, ns.momentum))
     if t.rank == 0:
         print(f"# overlap: computation {med['compute'] * 1e3:.1f} ms, communication {med['communication'] * 1e3:.1f} "
               f"ms alone; step {med['overlapped'] * 1e3:.1f} ms overlapped, {med['blocking'] * 1e3:.1f} ms blocking: "
-              f"hidden {med['hidden']:.0%} (hook {ns.hook}; this run trained {'overlapped' if trained else 'blocking'})",
+              f"hidden {med['hidden']:.0%} (hook {ns.hook}, {cap:g} MB buckets; this run trained "
+              f"{'overlapped' if trained else 'blocking'})",
               flush=True)
 
 
@@ -305,7 +320,7 @@ def _run(ns) -> int:
     if ns.speedup and ran:
         _speedup(ns, t, task, kw, ddp, elapsed / ran * ns.steps)
         if t.size > 1:
-            _overlap_report(ns, t, task, kw, ddp.overlap)
+            _overlap_report(ns, t, task, kw, ddp.overlap, ddp.bucket_cap_mb)
     if t.rank == 0:   # the last line: runs (an interrupted one and its resumption) compare by it
         print(f"params sha256 {digests[0]}", flush=True)
     return 0 if same else 1
@@ -373,6 +388,9 @@ def add_parser(sub, name: str = "train", text: str = "") -> None:
     a.add_argument("--hook", choices=list(HOOKS), default="allreduce",
                    help="how each gradient bucket is all-reduced: as it is, cast to fp16 or bf16 for the wire, or "
                         "PowerSGD's rank-4 factors with error feedback (ringmpi.dp.hooks)")
+    a.add_argument("--bucket-cap", type=_bucket_cap, default="25", metavar="MB|auto",
+                   help="gradient bucket size in MB (DDP's 25), or auto: chosen from the backward's measured "
+                        "timeline and the all-reduce's measured cost (reported)")
     a.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
                    help="all-reduce each gradient bucket as a request during backward (default: where it can "
                         "hide anything: several hosts, or a core to spare per rank)")

@@ -340,3 +340,21 @@ def test_training_with_a_hook_learns_and_keeps_replicas_identical(hook):
     _, ref = train_single(task, 15, 48, **kw)
     assert losses[-1] < losses[0]
     assert abs(losses[-1] - ref[-1]) <= 0.1 * ref[-1]
+
+
+def test_tuned_buckets_are_one_choice_everywhere_and_train_as_that_cap():
+    from ringmpi.dp.ddp import CAPS_MB
+    task = make_task("mlp", np.float32, seed=8, sizes=(32, 256, 128, 4))
+    kw = dict(optimizer="sgd", lr=0.05, momentum=0.9, seed=8)
+    ddp = DataParallel(task.make_model(), COMM, algorithm="ring", overlap=P > 1)
+    first = task.take(task.data, partition_indices(48, P, R, seed=8))
+    plan = ddp.tune_buckets(first, caps_mb=(0.01, 0.05) + CAPS_MB)
+    assert len(set(COMM.allgather((plan.cap_mb, tuple(plan.predicted))))) == 1
+    assert plan.cap_mb in plan.predicted and plan.predicted[plan.cap_mb] == min(plan.predicted.values())
+    assert plan.backward > 0 and plan.alpha >= 0 and plan.beta >= 0 and "bucket cap" in plan.describe()
+    assert [b.names for b in ddp.buckets] == ddp._make_buckets(plan.cap_mb * 1e6, min(plan.cap_mb, 1.0) * 1e6)
+    assert all(not g.any() for g in ddp.grads.values())    # the measuring backward left nothing
+    tuned, _, losses = train_dp(task, 6, 48, ddp=ddp, **kw)
+    same = DataParallel(task.make_model(), COMM, algorithm="ring", overlap=P > 1, bucket_cap_mb=plan.cap_mb)
+    same, _, ref = train_dp(task, 6, 48, ddp=same, **kw)
+    assert params_digest(tuned.params) == params_digest(same.params) and losses == ref
