@@ -12,6 +12,7 @@ training next to plain float32 all-reduce's. The issue's model by default: MLP
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -19,7 +20,8 @@ import numpy as np
 from ringmpi.api import group
 from ringmpi.dp.ddp import DataParallel
 from ringmpi.dp.hooks import HOOKS
-from ringmpi.dp.train import make_optimizer, make_task, params_digest, time_overlap, train_dp, train_single
+from ringmpi.settings import reload
+from ringmpi.dp.train import local_batch, make_optimizer, make_task, params_digest, time_overlap, train_dp, train_single
 
 
 def main() -> int:
@@ -29,8 +31,10 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=200, help="training steps per hook (loss after them)")
     ap.add_argument("--rounds", type=int, default=5, help="timed steps per mode (medians)")
-    ap.add_argument("--hooks", default=",".join(HOOKS))
+    ap.add_argument("--hooks", default=",".join(HOOKS) + ",fp16/16,bf16/16",
+                    help="hooks; NAME/16: with 16-bit hops (RINGMPI_PARTIALS=16, half of float32's bytes)")
     ap.add_argument("--algorithm", default="ring")
+    ap.add_argument("--bucket-cap", default="auto", help="MB, or auto (DataParallel.tune_buckets)")
     o = ap.parse_args()
     t = group()
     seed, lr, momentum = 0, 0.1, 0.9
@@ -42,13 +46,23 @@ def main() -> int:
         train_single(task, 3, o.batch, lr=lr, momentum=momentum, seed=seed)
         t1 = (time.perf_counter() - a) / 3
     t1 = t.bcast_obj(t1, 0)
+    if o.bucket_cap == "auto":
+        probe = DataParallel(task.make_model(), None, algorithm=o.algorithm, overlap=True)
+        plan = probe.tune_buckets(task.take(task.data, local_batch(task, 0, o.batch, seed, t.size, t.rank)))
+        cap = plan.cap_mb
+        if t.rank == 0:
+            print(f"# {plan.describe()}", flush=True)
+    else:
+        cap = float(o.bucket_cap)
     rows = {}
     for name in o.hooks.split(","):
-        fn, state = HOOKS[name]
+        hook, _, bits = name.partition("/")
+        reload({**os.environ, "RINGMPI_PARTIALS": bits or os.environ.get("RINGMPI_PARTIALS", "32")})
+        fn, state = HOOKS[hook]
 
-        def replica(overlap, fn=fn, state=state, name=name):
-            return DataParallel(task.make_model(), None, algorithm=o.algorithm, overlap=overlap,
-                                comm_hook=None if name == "allreduce" else fn, hook_state=state())
+        def replica(overlap, fn=fn, state=state, hook=hook):
+            return DataParallel(task.make_model(), None, algorithm=o.algorithm, overlap=overlap, bucket_cap_mb=cap,
+                                comm_hook=None if hook == "allreduce" else fn, hook_state=state())
         med = time_overlap(task, o.batch, seed, replica, lambda: make_optimizer("sgd", lr, momentum), o.rounds)
         ddp = replica(None)
         ddp, _, losses = train_dp(task, o.steps, o.batch, ddp=ddp, lr=lr, momentum=momentum, seed=seed)
@@ -57,15 +71,16 @@ def main() -> int:
     if t.rank == 0:
         base = rows.get("allreduce")
         print(f"# {t.size} ranks on {len(set(t.nodes))} hosts, MLP {o.sizes} float32, global batch {o.batch}, "
-              f"all-reduce {o.algorithm}; one process: {t1 * 1e3:.1f} ms a step; medians of {o.rounds}")
+              f"all-reduce {o.algorithm}, {cap:g} MB buckets; one process: {t1 * 1e3:.1f} ms a step; medians of "
+              f"{o.rounds}")
         print(f"{'hook':<10} {'compute':>9} {'comm':>9} {'overlap':>9} {'blocking':>9} {'hidden':>7} {'speedup':>8}"
-              f" {'comm/f32':>9} {'loss@' + str(o.steps):>11} {'vs f32':>7}  replicas")
+              f" {'comm/f32':>9} {'loss@' + str(o.steps):>11} {'vs f32':>8}  replicas")
         for name, r in rows.items():
             ratio = r["communication"] / base["communication"] if base else float("nan")
-            dloss = (r["loss"] - base["loss"]) / base["loss"] if base else float("nan")
+            dloss = (r["loss"] - base["loss"]) / base["loss"] if base and base["loss"] else float("nan")
             print(f"{name:<10} {r['compute'] * 1e3:>7.1f}ms {r['communication'] * 1e3:>7.1f}ms "
                   f"{r['overlapped'] * 1e3:>7.1f}ms {r['blocking'] * 1e3:>7.1f}ms {r['hidden']:>7.0%} "
-                  f"{t1 / r['overlapped']:>7.2f}x {ratio:>9.3f} {r['loss']:>11.5f} {dloss:>+7.2%}  "
+                  f"{t1 / r['overlapped']:>7.2f}x {ratio:>9.3f} {r['loss']:>11.3e} {dloss:>+8.2%}  "
                   f"{'identical' if r['same'] else 'DIFFER'}{'' if r['overlap'] else ' (trained blocking)'}",
                   flush=True)
     return 0

@@ -76,16 +76,18 @@ class DataParallel:
     overlap: each bucket's all-reduce starts as a request the moment its last gradient is
     final, in bucket order (the same on every rank, as MPI needs; DDP's rule too), while
     backward goes on with the earlier layers; everything is waited for before the step.
-    None (the default) overlaps where it can hide anything (`ringmpi.api.overlaps`: several
-    hosts, or a core to spare for the progress thread) and MPI lets a thread progress it;
-    every rank takes the same choice. Overlapped and blocking training give the same bits:
+    None overlaps where it can hide anything (`ringmpi.api.overlaps`: several hosts, or a
+    core to spare for the progress thread) and MPI lets a thread progress it; every rank
+    takes the same choice. Off by default: a request over TCP still costs more than the
+    blocking call (1.2-1.4x for this trainer's buckets on two namespace hosts), more than
+    overlap hid there (benchmarks/README.md). Overlapped and blocking training give the same bits:
     the same buckets, packed the same way, reduced by the same schedule (with a fixed
     algorithm: `auto` may choose differently for requests).
     """
 
     def __init__(self, model: Any, comm: Any = None, *, algorithm: str = "auto",
                  bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0, weighting: str = "global",
-                 find_unused_parameters: bool = False, overlap: bool | None = None,
+                 find_unused_parameters: bool = False, overlap: bool | None = False,
                  comm_hook: Callable[[Any, GradBucket], Any] | None = None, hook_state: Any = None) -> None:
         if weighting not in ("global", "mean"):
             raise ValueError(f"DataParallel: weighting must be 'global' or 'mean', got {weighting!r}")

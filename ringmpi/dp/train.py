@@ -63,7 +63,7 @@ def make_optimizer(name: str, lr: float, momentum: float):
 
 def train_dp(task: Task, steps: int, batch: int, *, comm=None, algorithm="auto", optimizer="sgd", lr=0.1,
              momentum=0.9, seed=0, weighting="global", start=0, ddp=None, opt=None,
-             on_step: Callable[[int, float], None] | None = None, overlap: bool | None = None,
+             on_step: Callable[[int, float], None] | None = None, overlap: bool | None = False,
              hook: str = "allreduce"):
     """Data-parallel training (`hook`: one of `hooks.HOOKS`); returns (ddp, optimizer, losses)."""
     if ddp is None:

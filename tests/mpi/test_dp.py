@@ -200,6 +200,8 @@ def test_overlapped_training_gives_the_bits_of_blocking_training(dtype, algorith
         runs[overlap] = (params_digest(ddp.params), losses)
         assert identical_everywhere(ddp.params)
     assert runs[True] == runs[False]
+    auto = DataParallel(task.make_model(), COMM, algorithm=algorithm, overlap=None)   # one choice everywhere
+    assert len(set(COMM.allgather(auto.overlap))) == 1 and (auto.overlap is False or P > 1)
     single, ref = train_single(task, 12, 48, **kw)
     assert np.allclose(runs[True][1], ref, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-6)
     assert runs[True][1][-1] < runs[True][1][0]
