@@ -19,7 +19,7 @@ import numpy as np
 
 from ringmpi.api import group
 from ringmpi.dp.ddp import DataParallel
-from ringmpi.dp.hooks import HOOKS
+from ringmpi.dp.hooks import HOOKS, named
 from ringmpi.settings import reload
 from ringmpi.dp.train import local_batch, make_optimizer, make_task, params_digest, time_overlap, train_dp, train_single
 
@@ -58,11 +58,10 @@ def main() -> int:
     for name in o.hooks.split(","):
         hook, _, bits = name.partition("/")
         reload({**os.environ, "RINGMPI_PARTIALS": bits or os.environ.get("RINGMPI_PARTIALS", "32")})
-        fn, state = HOOKS[hook]
-
-        def replica(overlap, fn=fn, state=state, hook=hook):
+        def replica(overlap, hook=hook):
+            fn, state = named(hook)
             return DataParallel(task.make_model(), None, algorithm=o.algorithm, overlap=overlap, bucket_cap_mb=cap,
-                                comm_hook=None if hook == "allreduce" else fn, hook_state=state())
+                                comm_hook=fn, hook_state=state)
         med = time_overlap(task, o.batch, seed, replica, lambda: make_optimizer("sgd", lr, momentum), o.rounds)
         ddp = replica(None)
         ddp, _, losses = train_dp(task, o.steps, o.batch, ddp=ddp, lr=lr, momentum=momentum, seed=seed)

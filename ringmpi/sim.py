@@ -88,6 +88,13 @@ class _Op:
         self.rank = rank
         self.pending = 0          # message ends not yet matched (0: nothing in flight)
 
+    def finish(self) -> None:
+        """The op is complete: its rank's clock is its end, its rounds one more than the
+        deepest of it and its peers (`VirtualRank.sendrecv` inlines this)."""
+        rank = self.rank
+        rank.clock = self.start + self.slowest + self.largest
+        rank.rounds = self.deepest + 1
+
     def post(self, clock: float, latency: float, transfer: float, depth: int, ends: int) -> None:
         self.posted = self.start = clock
         self.latency = self.slowest = latency
@@ -204,7 +211,7 @@ class VirtualRank(ReceiveThenReduce):
         if op.pending:
             ready = cl._ready
             (ready.pop() if ready else cl._main).switch()
-        else:
+        else:   # (`_Op.finish`, inlined)
             self.clock = op.start + op.slowest + op.largest
             self.rounds = op.deepest + 1
 
@@ -263,8 +270,7 @@ class VirtualRank(ReceiveThenReduce):
         if op.pending:   # not already completed by the matches above
             cl._park()
         else:
-            self.clock = op.start + op.slowest + op.largest
-            self.rounds = op.deepest + 1
+            op.finish()
 
     # -- local work ---------------------------------------------------------------------
     def empty(self, n: int, dtype: Any) -> np.ndarray:
@@ -417,6 +423,8 @@ class VirtualCluster:
                               f"which posted a receive of {rbuf.size} (MPI would truncate or hang)")
         if self.data:
             np.copyto(rbuf, sbuf)
+        # each op folds the other's posted values (written out both ways: a method called
+        # twice measured 4-8% more per message, the simulator's hot path)
         if other.posted > op.start:
             op.start = other.posted
         if other.latency > op.slowest:
@@ -436,10 +444,8 @@ class VirtualCluster:
         op.pending -= 1
         other.pending -= 1
         if not other.pending and other is not op:
-            rank = other.rank
-            rank.clock = other.start + other.slowest + other.largest
-            rank.rounds = other.deepest + 1
-            self._ready.append(rank.let)
+            other.finish()
+            self._ready.append(other.rank.let)
 
     def _park(self) -> None:
         """Suspend the running rank until its op completes, switching straight to a rank

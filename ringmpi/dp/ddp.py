@@ -149,13 +149,13 @@ class DataParallel:
         plan = BucketPlan(backward=end, alpha=a, beta=b)
         for cap in caps_mb:
             t_end = 0.0
-            for bucket in self._make_buckets(cap * 1e6, min(cap, self.first_bucket_mb) * 1e6):
+            for bucket in self._make_buckets(cap * 1e6, self.first_bucket_mb * 1e6):
                 nbytes = sum(self.params[k].nbytes for k in bucket)
                 t_end = max(t_end, max(ready[k] for k in bucket)) + a + b * nbytes
             plan.predicted[cap] = max(end, t_end)
         best = min(plan.predicted.values())
         plan.cap_mb = max(c for c, v in plan.predicted.items() if v <= best * (1 + 1e-9))
-        self._bucketize(plan.cap_mb, min(plan.cap_mb, self.first_bucket_mb))
+        self._bucketize(plan.cap_mb, self.first_bucket_mb)
         self.zero_grad()
         return plan
 

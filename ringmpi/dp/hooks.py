@@ -31,7 +31,7 @@ import numpy as np
 from .. import collectives as api
 from ..api import group
 
-__all__ = ["GradBucket", "Then", "allreduce_hook", "fp16_hook", "bf16_hook", "PowerSGD", "powersgd_hook", "HOOKS"]
+__all__ = ["GradBucket", "Then", "allreduce_hook", "fp16_hook", "bf16_hook", "PowerSGD", "powersgd_hook", "HOOKS", "named"]
 
 
 @dataclass(eq=False)
@@ -155,3 +155,12 @@ HOOKS: dict[str, tuple[Callable[[Any, GradBucket], Any], Callable[[], Any]]] = {
     "bf16": (bf16_hook, dict),
     "powersgd": (powersgd_hook, PowerSGD),
 }
+
+
+def named(name: str) -> tuple[Callable[[Any, GradBucket], Any] | None, Any]:
+    """(hook, a fresh state) for `DataParallel(comm_hook=, hook_state=)` by name; the plain
+    all-reduce as None, which lets a blocking step take the blocking call (shared memory's
+    zero-copy algorithms included) instead of a request."""
+    hook, make = HOOKS[name]
+    return (None if hook is allreduce_hook else hook), make()
+

@@ -13,7 +13,7 @@ import numpy as np
 from .arrays import to_host
 from .data import char_sequences, classification
 from .ddp import DataParallel, partition_indices
-from .hooks import HOOKS
+from .hooks import named
 from .models import MLP, CharRNN
 from .optim import SGD, Adam
 
@@ -65,11 +65,11 @@ def train_dp(task: Task, steps: int, batch: int, *, comm=None, algorithm="auto",
              momentum=0.9, seed=0, weighting="global", start=0, ddp=None, opt=None,
              on_step: Callable[[int, float], None] | None = None, overlap: bool | None = False,
              hook: str = "allreduce"):
-    """Data-parallel training (`hook`: one of `hooks.HOOKS`); returns (ddp, optimizer, losses)."""
+    """Data-parallel training (`hook`: a name of `hooks.HOOKS`); returns (ddp, optimizer, losses)."""
     if ddp is None:
-        fn, state = HOOKS[hook]
+        fn, state = named(hook)
         ddp = DataParallel(task.make_model(), comm, algorithm=algorithm, weighting=weighting, overlap=overlap,
-                           comm_hook=None if hook == "allreduce" else fn, hook_state=state())
+                           comm_hook=fn, hook_state=state)
     opt = opt or make_optimizer(optimizer, lr, momentum)
     losses = []
     for s in range(start, start + steps):

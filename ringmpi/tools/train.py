@@ -19,7 +19,7 @@ from ..dp.ps import async_sgd_study
 from ..errors import RankFailure, RingmpiUsageError
 from ..dp.checkpoint import Snapshot, Writer, newest
 from ..dp.ddp import DataParallel, restore, state_arrays
-from ..dp.hooks import HOOKS
+from ..dp.hooks import HOOKS, named
 from ..dp.train import local_batch, make_optimizer, make_task, max_diff, params_digest, time_overlap, train_dp, train_single
 from ..model import dp_step
 from . import args
@@ -189,10 +189,10 @@ def _bucket_cap(text: str) -> float | str:
 
 
 def _replica(ns, model, comm, overlap: bool | None, cap: float | None = None) -> DataParallel:
-    hook, state = HOOKS[ns.hook]
+    hook, state = named(ns.hook)
     cap = cap if cap is not None else 25.0 if ns.bucket_cap == "auto" else ns.bucket_cap
-    return DataParallel(model, comm, algorithm=ns.algorithm, overlap=overlap, bucket_cap_mb=cap,
-                        comm_hook=None if ns.hook == "allreduce" else hook, hook_state=state())
+    return DataParallel(model, comm, algorithm=ns.algorithm, overlap=overlap, bucket_cap_mb=cap, comm_hook=hook,
+                        hook_state=state)
 
 
 def _train(ns, task, kw):
