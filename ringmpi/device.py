@@ -378,25 +378,25 @@ class DeviceGroup(CountedMemory, PrivateMemory, ReceiveThenReduce):
 
     def _staged(self, sendbuf: Any, dest: int | None, recvbuf: Any, source: int | None) -> None:
         """Chunk k's D2H overlaps chunk k-1's transfer, whose H2D overlaps chunk k+1's
-        transfer (two buffers per direction; a buffer is reused only after its copy ended)."""
-        s_n = sendbuf.nbytes if sendbuf is not None else 0
-        r_n = recvbuf.nbytes if recvbuf is not None else 0
-        item = (sendbuf if sendbuf is not None else recvbuf).dtype.itemsize if (s_n or r_n) else 1
-        c = max(item, self.chunk(max(s_n, r_n)) // item * item)
-        ce = c // item                                   # elements per chunk
-        k_n = max(-(-max(s_n, r_n) // c), 1)
-        hs0, hs1, hr0, hr1 = (self._whole(i, c, np.uint8) for i in range(4))
-        hs, hr = (hs0, hs1), (hr0, hr1)
-        s_el = sendbuf.size if sendbuf is not None else 0
-        r_el = recvbuf.size if recvbuf is not None else 0
+        transfer (two buffers per direction; a buffer is reused only after its copy ended).
+        A message is cut by its own size alone (`_cut`), so its sender and its receiver cut
+        it alike: a ring's blocks differ by an element, and a chunk size taken from both
+        buffers of an exchange made one rank send chunks the other received as longer or
+        shorter ones (MPI_ERR_TRUNCATE, or a chunk's end never written)."""
+        s_el, ce_s = self._cut(sendbuf)
+        r_el, ce_r = self._cut(recvbuf)
+        k_n = max(-(-s_el // ce_s), -(-r_el // ce_r), 1)
+        item = (sendbuf if sendbuf is not None else recvbuf).dtype.itemsize if (s_el or r_el) else 1
+        hs = tuple(self._whole(i, ce_s * item, np.uint8) for i in (0, 1))
+        hr = tuple(self._whole(i, ce_r * item, np.uint8) for i in (2, 3))
         self.backend.ready()                             # the data to send is complete
 
-        def part(buf: Any, n: int, k: int) -> Any:
+        def part(buf: Any, n: int, ce: int, k: int) -> Any:
             lo = min(k * ce, n)
             return buf[lo:min(lo + ce, n)] if buf is not None else None
 
         def d2h(k: int) -> Any:
-            p = part(sendbuf, s_el, k)
+            p = part(sendbuf, s_el, ce_s, k)
             if p is None or p.size == 0:
                 return None
             self.staged_bytes += p.nbytes
@@ -408,7 +408,7 @@ class DeviceGroup(CountedMemory, PrivateMemory, ReceiveThenReduce):
             nxt = d2h(k + 1) if k + 1 < k_n else None
             if pending_d2h is not None:
                 pending_d2h.synchronize()
-            sp, rp = part(sendbuf, s_el, k), part(recvbuf, r_el, k)
+            sp, rp = part(sendbuf, s_el, ce_s, k), part(recvbuf, r_el, ce_r, k)
             if h2d[k % 2] is not None:                   # receive buffer k%2 is free again
                 h2d[k % 2].synchronize()
                 h2d[k % 2] = None
@@ -422,6 +422,14 @@ class DeviceGroup(CountedMemory, PrivateMemory, ReceiveThenReduce):
         for ev in h2d:
             if ev is not None:
                 ev.synchronize()
+
+    def _cut(self, buf: Any) -> tuple[int, int]:
+        """(elements, elements per chunk) of one message: from its size alone, the same on
+        the rank that sends it and the rank that receives it."""
+        if buf is None:
+            return 0, 1
+        item = buf.dtype.itemsize
+        return buf.size, max(1, self.chunk(buf.nbytes) // item)
 
     def exchange(self, sends: Sequence[tuple[Any, int]], recvs: Sequence[tuple[Any, int]]) -> None:
         """Root fan-in / fan-out: staged whole (each buffer once through the host)."""
