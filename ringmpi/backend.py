@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .ops import OPS
+from .ops import OPS, convert
 from .transport import Memory
 
 __all__ = ["ArrayBackend", "NumpyBackend", "NUMPY", "Phantom", "phantom", "PhantomBackend", "PHANTOM",
@@ -35,8 +35,11 @@ class NumpyBackend:
 
     def copy(self, src: np.ndarray, dst: np.ndarray) -> None:
         """dst = src; between dtypes (a 16-bit float and its float32 accumulator) a
-        conversion, rounding to nearest even where it narrows."""
-        np.copyto(dst, src, casting="unsafe")
+        conversion, rounding to nearest even where it narrows (`ops.convert`)."""
+        if src.dtype is dst.dtype:
+            np.copyto(dst, src)
+        else:
+            convert(src, dst)
 
     def combine(self, op: str, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         if op == "PROD" and out.dtype.kind == "c" and (np.shares_memory(out, a) or np.shares_memory(out, b)):

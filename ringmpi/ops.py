@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 
 __all__ = ["OPS", "op_name", "check_op_dtype", "SUPPORTED_DTYPES", "CANONICAL", "HALF", "BFLOAT16", "ACCUMULATOR",
-           "kind", "canonical", "is_half", "wire", "ROUNDING"]
+           "kind", "canonical", "is_half", "wire", "ROUNDING", "convert"]
 
 _INT = "iu"
 #: numpy kernel of each predefined MPI operation.
@@ -102,3 +102,49 @@ def check_op_dtype(op: str, dtype: np.dtype) -> str | None:
     if kind(dtype) not in _VALID_KINDS[op]:
         return f"op {op} is not defined for dtype {dtype} (MPI allows it on kinds {_VALID_KINDS[op]!r})"
     return None
+
+
+# -- float16 conversions at numpy's speed on every value ------------------------------------
+#: float16's smallest normal number: below it numpy's float32 -> float16 conversion sets
+#: the underflow flag element by element, 20-25x slower (gradients of a learned model are
+#: mostly there; benchmarks/README.md)
+_HALF_TINY = 2.0 ** -14
+#: float16's subnormals are the multiples of 2**-24
+_HALF_STEP = 2.0 ** 24
+#: every float16 bit pattern's float32 value (widening by lookup: 5x faster than numpy's
+#: own conversion on subnormals, as fast elsewhere)
+_WIDE = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+_PIECE = 1 << 16
+
+
+def convert(src: np.ndarray, dst: np.ndarray) -> None:
+    """dst = src between a float and float16 (or any dtypes, through numpy), with numpy's
+    own rounding (to nearest even) and bits. A value below float16's normal range is first
+    rounded in src's own dtype to the float16 subnormal it becomes (rint(x 2**24) 2**-24,
+    exact), so numpy's conversion finds nothing to flag."""
+    if dst.dtype == np.float16 and src.dtype.kind == "f" and src.dtype.itemsize >= 4 and src.ndim == dst.ndim == 1:
+        _narrow(src, dst)
+    elif src.dtype == np.float16 and dst.dtype == np.float32 and src.ndim == dst.ndim == 1 and src.flags.c_contiguous:
+        np.take(_WIDE, src.view(np.uint16), out=dst)
+    else:
+        np.copyto(dst, src, casting="unsafe")
+
+
+def _narrow(src: np.ndarray, dst: np.ndarray) -> None:
+    """A cache-sized piece at a time: the magnitudes, then (only where a sixteenth of a
+    piece or more is below float16's normal range) those values rounded to its subnormal
+    grid first."""
+    tiny, step = src.dtype.type(_HALF_TINY), src.dtype.type(_HALF_STEP)
+    work, small = np.empty(min(src.size, _PIECE), src.dtype), np.empty(min(src.size, _PIECE), bool)
+    for lo in range(0, src.size, _PIECE):
+        s, d = src[lo:lo + _PIECE], dst[lo:lo + _PIECE]
+        t, m = work[:s.size], small[:s.size]
+        np.abs(s, out=t)
+        np.less(t, tiny, out=m)            # (NaN is not small: it converts as it is)
+        if np.count_nonzero(m) > s.size // 16:   # (a few numpy converts at ~65 ns each: less than our passes)
+            np.multiply(s, step, out=t)
+            np.rint(t, out=t)
+            np.divide(t, step, out=t)
+            np.copyto(t, s, where=~m)
+            s = t
+        np.copyto(d, s, casting="unsafe")

@@ -30,6 +30,7 @@ import numpy as np
 
 from .. import collectives as api
 from ..api import group
+from ..ops import convert
 
 __all__ = ["GradBucket", "Then", "allreduce_hook", "fp16_hook", "bf16_hook", "PowerSGD", "powersgd_hook", "HOOKS", "named"]
 
@@ -68,15 +69,21 @@ def allreduce_hook(state: Any, bucket: GradBucket) -> Any:
 
 
 def _cast_hook(dtype: Any) -> Callable[[Any, GradBucket], Any]:
+    """The buffer scaled in its own dtype, and only then converted (`ops.convert`): numpy's
+    float16 arithmetic is emulated element by element, and its conversion flags every value
+    below float16's normal range one at a time (benchmarks/README.md); the product is the
+    same float32 product either way before it is rounded."""
     def hook(state: dict, bucket: GradBucket) -> Any:
         p = group(bucket.comm).size
         low = state.get(bucket.index)
         if low is None or low.size != bucket.buffer.size:
             low = state[bucket.index] = np.empty(bucket.buffer.size, dtype)   # kept: one per bucket
-        np.multiply(bucket.buffer, 1.0 / p, out=low, casting="unsafe")
+        np.multiply(bucket.buffer, 1.0 / p, out=bucket.buffer)   # (the buffer is the result's anyway)
+        convert(bucket.buffer, low)
 
         def back(summed: Any) -> Any:
-            np.multiply(summed, p, out=bucket.buffer, casting="unsafe")
+            convert(summed, bucket.buffer)
+            bucket.buffer *= p
             return bucket.buffer
         return Then(bucket.iallreduce(low), back)
     return hook
@@ -106,7 +113,10 @@ def _orthonormalise(p: np.ndarray) -> np.ndarray:
 
 
 def powersgd_hook(state: PowerSGD, bucket: GradBucket) -> Any:
-    """Rank-r factors of every matrix instead of the matrix (see the module docstring)."""
+    """Rank-r factors of every matrix instead of the matrix (see the module docstring).
+    Each matrix is worked on in its place in the bucket's buffer, which the result
+    overwrites anyway: M (with the error fed back) there, the error written into the kept
+    array, P Q^T back there; no matrix-sized temporaries (each cost its page faults)."""
     views, off = [], 0
     for name, shape in zip(bucket.names, bucket.shapes):
         n = int(np.prod(shape))
@@ -115,34 +125,38 @@ def powersgd_hook(state: PowerSGD, bucket: GradBucket) -> Any:
     mats = [(k, v) for k, v in views if v.ndim == 2 and state.rank < min(v.shape)]
     vecs = [(k, v) for k, v in views if not (v.ndim == 2 and state.rank < min(v.shape))]
     dt = bucket.buffer.dtype
-    m = {}
-    for k, v in mats:
-        m[k] = v + state.error[k] if k in state.error else v.copy()
+    for k, m in mats:   # m: M, with last step's error fed back
+        if k in state.error:
+            m += state.error[k]
         if k not in state.q:
             rng = np.random.default_rng([state.seed, sum(map(ord, k))])
-            state.q[k] = rng.standard_normal((v.shape[1], state.rank)).astype(dt)
-    first = np.concatenate([(m[k] @ state.q[k]).ravel() for k, _ in mats] + [v.ravel() for _, v in vecs]
+            state.q[k] = rng.standard_normal((m.shape[1], state.rank)).astype(dt)
+    first = np.concatenate([(m @ state.q[k]).ravel() for k, m in mats] + [v.ravel() for _, v in vecs]
                            + [np.zeros(0, dt)])
     req = bucket.iallreduce(first)
 
     def second(summed: np.ndarray) -> np.ndarray:
         ps, at = {}, 0
-        for k, v in mats:
-            ps[k] = _orthonormalise(summed[at:at + v.shape[0] * state.rank].reshape(v.shape[0], state.rank))
-            at += v.shape[0] * state.rank
+        for k, m in mats:
+            ps[k] = _orthonormalise(summed[at:at + m.shape[0] * state.rank].reshape(m.shape[0], state.rank))
+            at += m.shape[0] * state.rank
         for _, v in vecs:
             v[...] = summed[at:at + v.size].reshape(v.shape)
             at += v.size
-        qs = {k: m[k].T @ ps[k] for k, _ in mats}
-        for k, _ in mats:   # what this rank's projection misses: fed back next step
-            state.error[k] = m[k] - ps[k] @ qs[k].T
+        qs = {k: m.T @ ps[k] for k, m in mats}
+        for k, m in mats:   # what this rank's projection misses, M - P (M^T P)^T: fed back next step
+            err = state.error.get(k)
+            if err is None or err.shape != m.shape:
+                err = state.error[k] = np.empty_like(m)
+            np.matmul(ps[k], qs[k].T, out=err)
+            np.subtract(m, err, out=err)
         flat = np.concatenate([qs[k].ravel() for k, _ in mats] + [np.zeros(0, dt)])
         flat = bucket.iallreduce(flat).wait()
         at = 0
-        for k, v in mats:
-            q = flat[at:at + v.shape[1] * state.rank].reshape(v.shape[1], state.rank)
+        for k, m in mats:
+            q = flat[at:at + m.shape[1] * state.rank].reshape(m.shape[1], state.rank)
             at += q.size
-            v[...] = ps[k] @ q.T
+            np.matmul(ps[k], q.T, out=m)
             state.q[k] = q.copy()   # warm start
         return bucket.buffer
     return Then(req, second)
