@@ -7,13 +7,19 @@ __all__ = ["classification", "CORPUS", "char_sequences"]
 
 
 def classification(n: int, features: int = 16, classes: int = 4, seed: int = 0, dtype=np.float64,
-                   separation: float = 1.5):
-    """Gaussian clusters with correlated features: (x [n, features], y [n])."""
+                   separation: float = 1.5, label_noise: float = 0.0):
+    """Gaussian clusters with correlated features: (x [n, features], y [n]). `label_noise`:
+    the share of samples whose label is drawn anew at random, so that the training loss
+    stays well above zero for as long as the model cannot memorise the noise (a loss that
+    has reached zero compares nothing)."""
     rng = np.random.default_rng(seed)
     centers = rng.standard_normal((classes, features)) * separation
     mix = rng.standard_normal((features, features)) / np.sqrt(features)
     y = rng.integers(0, classes, n)
     x = (centers[y] + rng.standard_normal((n, features))) @ mix
+    if label_noise:
+        flip = rng.random(n) < label_noise
+        y[flip] = rng.integers(0, classes, int(flip.sum()))
     return x.astype(dtype), y
 
 

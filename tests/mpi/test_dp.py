@@ -314,7 +314,7 @@ def test_powersgd_equals_its_definition(overlap):
     orthonormalised; Q = sum M_k^T P; P Q^T / count; vectors summed exactly; each rank's
     error feedback M_k - P P^T M_k; a second step adds it and starts from Q (warm)."""
     from ringmpi.dp.hooks import PowerSGD, _orthonormalise, powersgd_hook
-    state = PowerSGD(rank=2, seed=7)
+    state = PowerSGD(rank=2, seed=7, start=0)
     ddp, batch = _hooked(powersgd_hook, state, overlap, dtype=np.float64)
     _, local, count = MLP([8, 24, 16, 3], seed=3, dtype=np.float64).loss_and_grads(batch)
     every = COMM.allgather(local)
@@ -331,6 +331,27 @@ def test_powersgd_equals_its_definition(overlap):
         else:
             assert np.allclose(ddp.grads[k], sum(ms) / total, rtol=1e-12, atol=1e-14), k
     assert identical_everywhere({k: v for k, v in ddp.grads.items()})
+
+
+def test_powersgd_all_reduces_whole_for_its_first_steps():
+    """`start` steps of every bucket all-reduced whole (the plain hook's bits), compressed
+    after: the matrices then differ from the whole sum, the vectors do not (within the
+    rounding of another summation order: they travel packed behind P)."""
+    from ringmpi.dp.hooks import PowerSGD, allreduce_hook, powersgd_hook
+    plain, batch = _hooked(allreduce_hook, None, False, dtype=np.float64)
+    state = PowerSGD(rank=1, seed=1, start=2)   # (rank 1: W2's gradient, 3 classes, has rank 2)
+    ddp, _ = _hooked(powersgd_hook, state, False, dtype=np.float64)    # call 1
+    for call in (1, 2, 3):
+        if call > 1:
+            ddp.zero_grad()
+            ddp.backward(batch)
+        assert set(state.steps.values()) == {call}
+        for k, g in plain.grads.items():
+            if call <= state.start:
+                assert np.array_equal(ddp.grads[k], g), (call, k)
+            else:
+                compressed = g.ndim == 2 and state.rank < min(g.shape)
+                assert np.allclose(ddp.grads[k], g, rtol=1e-12, atol=1e-15) is not compressed, (call, k)
 
 
 @pytest.mark.parametrize("hook", ["fp16", "bf16", "powersgd"])
