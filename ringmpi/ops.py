@@ -106,13 +106,13 @@ def check_op_dtype(op: str, dtype: np.dtype) -> str | None:
 
 # -- float16 conversions at numpy's speed on every value ------------------------------------
 #: float16's smallest normal number: below it numpy's float32 -> float16 conversion sets
-#: the underflow flag element by element, 20-25x slower (gradients of a learned model are
-#: mostly there; benchmarks/README.md)
+#: the underflow flag element by element, many times slower (gradients of a learned model
+#: are mostly there; benchmarks/README.md, "Why fp16 cost 2.7-3x float32's")
 _HALF_TINY = 2.0 ** -14
 #: float16's subnormals are the multiples of 2**-24
 _HALF_STEP = 2.0 ** 24
-#: every float16 bit pattern's float32 value (widening by lookup: 5x faster than numpy's
-#: own conversion on subnormals, as fast elsewhere)
+#: every float16 bit pattern's float32 value (widening by lookup: numpy's own conversion
+#: slows down on subnormals too, the lookup does not)
 _WIDE = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
 _PIECE = 1 << 16
 
