@@ -37,6 +37,7 @@ import contextlib
 import ctypes
 import functools
 import os
+import sys
 import threading
 import time
 import traceback
@@ -348,6 +349,7 @@ class MPITransport(_Wire):
         reach a dead rank, and under ULFM no wait is endless); no failure note either: the
         survivors are meant to go on, not to abort."""
         self._revoke()
+        RANK_FAILED.set()
         failed = self.failed_ranks()
         label = label or self.busy or "a collective"
         name = _ERROR_CLASSES.get(err.Get_error_class(), "?") if isinstance(err, MPI.Exception) else type(err).__name__
@@ -898,8 +900,44 @@ def _at_finalize(_comm: Any, _key: int, _value: Any) -> None:
     stall.finish()
 
 
+#: a rank of a communicator of this process died (ULFM): MPI_Finalize gets a deadline
+RANK_FAILED = threading.Event()
+#: seconds MPI_Finalize may take at exit after a rank failure
+FINALIZE_DEADLINE = 10.0
+
+
+def _finalize_after_a_failure() -> None:
+    """At exit, after a rank failure, MPI_Finalize under a deadline. Open MPI 5's finalize
+    waits in a PMIx fence that can wait for the dead rank for ever (open-mpi/ompi#11404):
+    the survivors of the README's example stayed there after their work in 2 exits of 12
+    here. mpi4py finalizes later, from C (Py_AtExit), where nothing in Python can run any
+    more; here, before it, a timer still can: the work is done, so the process leaves as a
+    program that returned (status 0), saying so on stderr."""
+    if not RANK_FAILED.is_set() or MPI.Is_finalized():
+        return
+    for f in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            f.flush()
+
+    def leave() -> None:
+        os.write(2, f"ringmpi: MPI_Finalize did not return within {FINALIZE_DEADLINE:g} s after a rank failure "
+                    "(Open MPI's ULFM finalize waits for the dead rank): leaving without it\n".encode())
+        os._exit(0)
+    timer = threading.Timer(FINALIZE_DEADLINE, leave)
+    timer.daemon = True
+    timer.start()
+    try:   # (through ctypes, which lets the GIL go for the timer; mpi4py's Finalize keeps it)
+        finalize = ctypes.CDLL(MPI.__file__).MPI_Finalize
+        finalize.restype = ctypes.c_int
+        finalize()
+    except (OSError, AttributeError):
+        MPI.Finalize()
+    timer.cancel()
+
+
 _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete)
 MPI.COMM_SELF.Set_attr(MPI.Comm.Create_keyval(delete_fn=_at_finalize), True)
+atexit.register(_finalize_after_a_failure)     # (first registered: run after the others)
 atexit.register(stall.finish)
 atexit.register(lambda: requests.engine().at_exit() if requests.ACTIVE or requests.engine().unwaited else None)
 _LAST: "tuple[Any, MPITransport] | None" = None   # (user communicator, its transport): the one-entry fast path
@@ -922,6 +960,7 @@ def shrink(comm: "MPI.Intracomm | None" = None) -> "MPI.Intracomm":
     on it comes out with RankFailure and joins. `comm` itself is not revoked: it is the
     caller's (and may be COMM_WORLD)."""
     comm = MPI.COMM_WORLD if comm is None else comm
+    RANK_FAILED.set()
     t = comm.Get_attr(_KEYVAL) if isinstance(comm, MPI.Intracomm) else None
     if t is not None:
         t._revoke()
