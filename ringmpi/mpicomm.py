@@ -110,13 +110,22 @@ def _library_cuda_support() -> Any:
     if kinds is not None:
         return Support(any(k == "cuda" or k.startswith("cuda:") for k in kinds.split(",")),
                        f"mpi_memory_alloc_kinds = {kinds!r}")
+    fn = _c_function("MPIX_Query_cuda_support")
+    if fn is None:
+        return None
+    answer = fn()
+    return Support(bool(answer), f"MPIX_Query_cuda_support() = {answer}")
+
+
+def _c_function(name: str) -> Any:
+    """The MPI library's C function `name` (returning int) through ctypes, which lets the
+    GIL go while it runs; None where the library has none."""
     try:
-        fn = ctypes.CDLL(MPI.__file__).MPIX_Query_cuda_support
+        fn = getattr(ctypes.CDLL(MPI.__file__), name)
     except (OSError, AttributeError):
         return None
     fn.restype = ctypes.c_int
-    answer = fn()
-    return Support(bool(answer), f"MPIX_Query_cuda_support() = {answer}")
+    return fn
 
 
 def _byte_pieces(span: tuple[int, int] | None, max_count: int) -> list:
@@ -908,11 +917,11 @@ FINALIZE_DEADLINE = 10.0
 
 def _finalize_after_a_failure() -> None:
     """At exit, after a rank failure, MPI_Finalize under a deadline. Open MPI 5's finalize
-    waits in a PMIx fence that can wait for the dead rank for ever (open-mpi/ompi#11404):
-    the survivors of the README's example stayed there after their work in 2 exits of 12
-    here. mpi4py finalizes later, from C (Py_AtExit), where nothing in Python can run any
-    more; here, before it, a timer still can: the work is done, so the process leaves as a
-    program that returned (status 0), saying so on stderr."""
+    waits in a PMIx fence that can wait for the dead rank for ever (open-mpi/ompi#11404;
+    the README's survivors example met it, CHANGELOG). mpi4py finalizes later, from C
+    (Py_AtExit), where nothing in Python can run any more; here, before it, a timer still
+    can: the work is done, so the process leaves as a program that returned (status 0),
+    saying so on stderr."""
     if not RANK_FAILED.is_set() or MPI.Is_finalized():
         return
     for f in (sys.stdout, sys.stderr):
@@ -926,11 +935,10 @@ def _finalize_after_a_failure() -> None:
     timer = threading.Timer(FINALIZE_DEADLINE, leave)
     timer.daemon = True
     timer.start()
-    try:   # (through ctypes, which lets the GIL go for the timer; mpi4py's Finalize keeps it)
-        finalize = ctypes.CDLL(MPI.__file__).MPI_Finalize
-        finalize.restype = ctypes.c_int
+    finalize = _c_function("MPI_Finalize")   # (the GIL let go for the timer; mpi4py's Finalize keeps it)
+    if finalize is not None:
         finalize()
-    except (OSError, AttributeError):
+    else:
         MPI.Finalize()
     timer.cancel()
 

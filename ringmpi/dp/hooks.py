@@ -188,4 +188,3 @@ def named(name: str) -> tuple[Callable[[Any, GradBucket], Any] | None, Any]:
     zero-copy algorithms included) instead of a request."""
     hook, make = HOOKS[name]
     return (None if hook is allreduce_hook else hook), make()
-
