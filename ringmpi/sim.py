@@ -163,6 +163,7 @@ class VirtualRank(ReceiveThenReduce):
         self.snapshots: list = []        # (clock, copy of watch)
         self._gamma = cluster.profile.gamma * cluster.network.rank_factor(rank)   # seconds per byte reduced
         self.op = _Op(self)              # the exchange in flight
+        self.stack = cluster._stacks[rank // BUCKET]   # where it waits to run once ready
         self.let: Any = None             # the greenlet the rank runs in (`VirtualCluster.run`)
 
     # -- data movement --------------------------------------------------------------------
@@ -210,8 +211,8 @@ class VirtualRank(ReceiveThenReduce):
         else:
             cl._queue(k, e, 1, op, recvbuf)
         if op.pending:
-            ready = cl._ready
-            (ready.pop() if ready else cl._main).switch()
+            ready = cl._here
+            (ready.pop() if ready else (ready.pop() if (ready := cl._next) else cl._main)).switch()
         else:   # (`_Op.finish`, inlined)
             self.clock = op.start + op.slowest + op.largest
             self.rounds = op.deepest + 1
@@ -339,6 +340,19 @@ class VirtualRank(ReceiveThenReduce):
         return self.counters.bytes_reduced
 
 
+#: Ranks per bucket of the ready set. A parked rank hands over to a ready rank of the
+#: window, two neighbouring buckets; `run` moves the window when both are empty, and every
+#: sweep over the cluster starts one bucket further than the one before (1-2, 3-4, ...,
+#: then 2-3, 4-5, ...). Rank r of a ring can be at most d rounds ahead of rank r+d: run
+#: alone, a window rises to a pyramid of BUCKET rounds in its middle, and the next sweep's
+#: windows, centred on the valleys between pyramids, raise them as far. So a sweep moves
+#: every rank about BUCKET/2 rounds while 2 BUCKET ranks' state (their greenlets' stacks,
+#: frames and views) stays in cache; a sweep of the whole cluster for every round missed
+#: the caches on every rank once p passed a thousand or two (the skewed tiles of stencil
+#: codes, found by the ready set itself: `benchmarks/README.md` has the figures).
+BUCKET = 64
+
+
 class VirtualCluster:
     """p virtual ranks; `run(fn)` calls fn(transport) on each and returns their results.
 
@@ -365,10 +379,12 @@ class VirtualCluster:
         self.nodes = [r - r % per_node for r in range(size)] if per_node else [0] * size
         self.fast = network.uniform   # sendrecv's inlined path applies
         self.sym_itemsize = sym_itemsize
+        self._stacks: list[list] = [[] for _ in range(-(-size // BUCKET))]   # the ready ranks' greenlets
+        self._here = self._next = self._stacks[0]   # the window (`_park`)
+        self.sweeps = 0   # sweeps of the window over the cluster in the last run
         self.ranks = [VirtualRank(self, r) for r in range(size)]
         self.alpha, self.beta = profile.alpha, profile.beta   # (sendrecv's inlined path)
         self._ends: dict = {}
-        self._ready: deque = deque()   # the greenlets of ranks that can run
         self._main: greenlet | None = None
 
     def nbytes(self, buf) -> int:
@@ -448,16 +464,24 @@ class VirtualCluster:
             rank = other.rank
             rank.clock = other.start + other.slowest + other.largest
             rank.rounds = other.deepest + 1
-            self._ready.append(rank.let)
+            rank.stack.append(rank.let)
 
     def _park(self) -> None:
-        """Suspend the running rank until its op completes, switching straight to a rank
-        that can run (one switch per exchange, not two through a scheduler); the main
-        greenlet only starts the run and sees it end. The rank made ready last goes first
-        (a stack, not a queue): its state is still in cache, and in a ring it can often
-        post its next exchange and complete it at once, with no switch at all."""
-        ready = self._ready
-        (ready.pop() if ready else self._main).switch()
+        """Suspend the running rank until its op completes, switching straight to a ready
+        rank of the window (one switch per exchange, not two through a scheduler), or to the
+        main greenlet when the window has none (`run` moves it). Within a bucket the rank
+        made ready last goes first (a stack, not a queue): its state is still in cache, and
+        in a ring it can often post its next exchange and complete it at once, with no
+        switch at all."""
+        ready = self._here
+        (ready.pop() if ready else (ready.pop() if (ready := self._next) else self._main)).switch()
+
+    def _window(self, b: int) -> bool:
+        """Buckets b and b+1 (cyclically) are where parked ranks look for the next to run;
+        whether any of their ranks is ready."""
+        stacks = self._stacks
+        self._here, self._next = stacks[b % len(stacks)], stacks[(b + 1) % len(stacks)]
+        return bool(self._here or self._next)
 
     # -- running ------------------------------------------------------------------------
     def run(self, fn: Callable[[VirtualRank], Any]) -> list:
@@ -478,27 +502,44 @@ class VirtualCluster:
                 rk = self.ranks[r]
                 if rk.watch is not None:
                     rk.snapshots.append((rk.clock, rk.watch.copy()))
+                # a finished greenlet returns to its parent: the window's next ready rank,
+                # as a parked one hands over (the main greenlet would move the window on)
+                ready = self._here
+                if not errors and (ready or (ready := self._next)):
+                    greenlet.getcurrent().parent = ready.pop()
         for rk in self.ranks:
             rk.let = greenlet(lambda r=rk.rank: body(r))
-        ready = self._ready
-        # the ranks start from here, in rank order (a greenlet started from another rank's
-        # would nest in its stack); a parked rank then switches to the next ready one
-        fresh = deque(rk.let for rk in self.ranks)
         # the engine makes no reference cycle per message (a rank and its one reused op are
         # the only cycle, p of them): the cyclic collector would only rescan the millions of
         # live buffers of a large run
         collecting = gc.isenabled()
         gc.disable()
+        stacks = self._stacks
         try:
-            while ready or fresh:
-                (ready.pop() if ready else fresh.popleft()).switch()
+            def go(let) -> None:
+                let.switch()
                 if errors:
                     rank, err = errors[0]
                     if isinstance(err, SimDeadlock):
                         raise err
                     raise RuntimeError(f"virtual rank {rank} failed: {err!r}") from err
+            # the ranks start from here, in rank order (a greenlet started from another
+            # rank's would nest in its stack), each with the window on its bucket and the one
+            # below, where the ranks it completes wait
+            for rk in self.ranks:
+                self._window(max(rk.rank // BUCKET - 1, 0))
+                go(rk.let)
+            # then sweeps of windows, each window run until none of its ranks can go on
+            parity, self.sweeps = 0, 0
+            while any(stacks):
+                self.sweeps += 1
+                for b in range(parity, len(stacks) + parity, 2):
+                    if self._window(b):
+                        go(self._here.pop() if self._here else self._next.pop())
+                parity ^= len(stacks) > 1
         finally:
-            ready.clear()
+            for st in stacks:
+                st.clear()
             for rk in self.ranks:
                 rk.let = None     # (a finished greenlet; a failed run's suspended ones unwind here)
             if collecting:

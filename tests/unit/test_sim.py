@@ -16,7 +16,7 @@ from ringmpi.ops import BFLOAT16
 from ringmpi.cost import LECTURE, Profile
 from ringmpi.model import cost
 from ringmpi.schedules import get, names
-from ringmpi.sim import Network, SimDeadlock, Sym, VirtualCluster, VirtualRank, phantoms, run_collective, symbolic
+from ringmpi.sim import BUCKET, Network, SimDeadlock, Sym, VirtualCluster, VirtualRank, phantoms, run_collective, symbolic
 from ringmpi.tools.explain import parameter_server_traffic, symbolic_table
 
 PROF = Profile(alpha=5e-6, beta=1 / 25e9, gamma=1 / 50e9)
@@ -133,6 +133,49 @@ def test_1024_virtual_ranks(algorithm):
     cl, outs = run_collective("allreduce", algorithm, [np.full(1024, r, np.int64) for r in range(1024)])
     assert np.array_equal(outs[517], np.full(1024, 1023 * 1024 // 2))
     assert cl.time == pytest.approx(cost("allreduce", algorithm, 1024, 1024, 8).time(Profile(5e-6, 1 / 25e9)))
+
+
+@pytest.mark.parametrize("collective,algorithm", [(c, a) for c in ("allreduce", "reduce_scatter", "broadcast")
+                                                    for a in names(c) if get(c, a).cost is not None])
+def test_a_cluster_of_several_windows_gives_the_results_and_the_formula(collective, algorithm):
+    """An odd number of buckets (the windows wrap around the last one): the ranks run in
+    another order than at one bucket, the results and the clock are the same."""
+    p = 3 * BUCKET + 5
+    spec, rng = SPECS[collective], np.random.default_rng(p)
+    count = 2 * p + 3
+    inputs = [rng.integers(-9, 9, count).astype(np.int64) for _ in range(p)]
+    _, outs = run_collective(collective, algorithm, inputs, profile=PROF)
+    for r in (0, 1, BUCKET, p - 2, p - 1):
+        if outs[r] is not None:
+            assert np.array_equal(outs[r], spec.expected(inputs, r, "SUM" if spec.reduces else None)), r
+    n = 6 * p << 8    # (the formulas assume blocks, halves and segments of equal sizes)
+    count = n // p if spec.per_rank and not spec.reduces else n
+    cl, _ = run_collective(collective, algorithm, phantoms(p, count, np.int64), profile=PROF, params={"segments": 6})
+    c = cost(collective, algorithm, p, n, 8, segments=6)
+    assert cl.time == pytest.approx(c.time(PROF) - PROF.overhead, rel=1e-12)
+    assert cl.traffic()["rounds"] == c.rounds
+
+
+def test_the_ring_runs_in_windows_many_rounds_at_a_time():
+    """The ready set's windows (`sim.BUCKET`): a sweep over 16 buckets of ranks moves the
+    ring tens of rounds, so each rank's state is fetched into cache once for tens of its
+    exchanges, not once for every exchange."""
+    p = 16 * BUCKET
+    cl, _ = run_collective("allreduce", "ring", phantoms(p, 1 << 26))
+    rounds = cl.traffic()["rounds"]
+    assert rounds == 2 * (p - 1)
+    assert 1 <= cl.sweeps <= rounds / (BUCKET / 4), cl.sweeps
+
+
+def test_a_failure_among_many_windows_names_its_rank():
+    cl = VirtualCluster(4 * BUCKET)
+
+    def fn(t):
+        if t.rank == 3 * BUCKET + 1:
+            raise ValueError("boom")
+        t.sendrecv(np.zeros(1), (t.rank + 1) % t.size, np.empty(1), (t.rank - 1) % t.size)
+    with pytest.raises(RuntimeError, match=f"virtual rank {3 * BUCKET + 1} failed: ValueError"):
+        cl.run(fn)
 
 
 # -- timing without data, and the network's realism knobs ------------------------------
