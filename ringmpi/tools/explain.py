@@ -16,7 +16,9 @@ for the lecture's decimal 64 MB. Rates are decimal: 25GB/s = 25e9 bytes per seco
 from __future__ import annotations
 
 import argparse
+import os
 import types
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -152,58 +154,106 @@ def _sim(ns) -> int:
         return main(ns)
     else:
         print(time_table(ns.collective, ns.size, ns.workers, _profile(ns), segments=ns.segments, data=ns.data,
-                         straggler=ns.straggler, slow_links=dict(ns.slow_link), overhead=ns.overhead))
+                         straggler=ns.straggler, slow_links=dict(ns.slow_link), overhead=ns.overhead,
+                         jobs=ns.jobs))
     return 0
 
 
 def time_table(collective: str, nbytes: int, workers: list[int], prof: cm.Profile, *, segments: int = 0,
                data: bool = False, straggler: tuple[int | None, float] | None = None,
-               slow_links: dict | None = None, overhead: float = 0.0) -> str:
+               slow_links: dict | None = None, overhead: float = 0.0, jobs: int = 0) -> str:
     """Every algorithm of `collective` on the virtual cluster: simulated time against its
     formula, the busiest rank's bytes and the simulator's own wall time. Without `data` the
     buffers are phantoms (timing only); with it, random integers whose result is checked
     against numpy. A straggler (rank, factor: rank None = the last one), slow links and a
-    per-message overhead add a column: the time on that network and its ratio to uniform."""
-    import time as _time
+    per-message overhead add a column: the time on that network and its ratio to uniform.
 
-    from ..sim import Network, phantoms, run_collective
+    Each row is a simulation of its own, on one core: rows of more than `PARALLEL_MESSAGES`
+    messages together run in `jobs` processes at once (0: one per core this process may
+    use; 1: all here), the longest first."""
     spec = SPECS[collective]
     itemsize = 4 if data else 1
     params = {"segments": segments} if segments else {}
     knobs = bool(straggler and straggler[1] != 1 or slow_links or overhead)
-    per_node = prof.per_node
     lines = [f"# {collective}, {human_bytes(nbytes)}, {prof.name}: simulated vs formula"
              f" ({'random data, checked against numpy' if data else 'no data: phantom buffers'})"]
+    rows: list[TimeRow | str] = []
     for p in workers:
         count = spec.nccl_count(nbytes, itemsize, p)
-        n_in = spec.input_count(count, p)
-        net = _network(p, straggler, slow_links, overhead, lines) if knobs else Network()
+        net = _network(p, straggler, slow_links, overhead, rows) if knobs else None
         for name in schedules.names(collective)[:-1]:
-            alg = schedules.get(collective, name)
-            if alg.why_not(_layout(p, per_node)):
-                continue
-            if data:
-                rng = np.random.default_rng(p)
-                inputs = [rng.integers(0, 10, n_in).astype(np.int32) for _ in range(p)]
-            else:
-                inputs = phantoms(p, n_in, np.uint8)
-            t0 = _time.perf_counter()
-            cl, outs = run_collective(collective, name, inputs, profile=prof, params=params or None, per_node=per_node)
-            wall = _time.perf_counter() - t0
-            n = spec.size(count, itemsize, p)
-            f = alg.predict(p, n, 1, prof, **params) - prof.overhead
-            row = (f"p={p:<5} {name:<19} sim {human_time(cl.time):>10}  formula {human_time(f):>10}  "
-                   f"busiest {human_bytes(cl.traffic()['busiest_sent']):>9}")
-            if data:
-                bad = sum(not np.array_equal(o, spec.expected(inputs, r, "SUM" if spec.reduces else None))
-                          for r, o in enumerate(outs) if o is not None)
-                row += "  check " + ("ok" if bad == 0 else f"{bad} ranks WRONG")
-            if knobs:
-                slow, _ = run_collective(collective, name, phantoms(p, n_in, np.uint8), profile=prof,
-                                         params=params or None, network=net, per_node=per_node)
-                row += f"  slowed {human_time(slow.time):>10} ({slow.time / cl.time if cl.time else 1:.2f}x)"
-            lines.append(row + f"  [{wall:.1f} s]")
+            if not schedules.get(collective, name).why_not(_layout(p, prof.per_node)):
+                rows.append(TimeRow(collective, name, p, count, prof, params, data, net))
+    tasks = [r for r in rows if isinstance(r, TimeRow)]
+    jobs = jobs or len(os.sched_getaffinity(0))
+    done: dict[int, str] = {}
+    if jobs > 1 and len(tasks) > 1 and sum(r.messages() for r in tasks) > PARALLEL_MESSAGES:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        longest = sorted(range(len(tasks)), key=lambda i: -tasks[i].messages())
+        # spawned, not forked: a fork of a process that has started MPI or threads is unsafe
+        with ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {i: pool.submit(tasks[i].line) for i in longest}
+            done = {i: f.result() for i, f in futures.items()}
+    out = iter(done[i] if i in done else t.line() for i, t in enumerate(tasks))
+    lines += [next(out) if isinstance(r, TimeRow) else r for r in rows]
     return "\n".join(lines)
+
+
+#: `sim time` runs its rows in parallel processes when they send more messages than this
+#: together (about a second of simulation; a spawned process costs about a third of one)
+PARALLEL_MESSAGES = 500_000
+
+
+@dataclass(frozen=True)
+class TimeRow:
+    """One row of `sim time`: an algorithm at p ranks, uniform and, with `network`, on it."""
+    collective: str
+    algorithm: str
+    p: int
+    count: int
+    profile: cm.Profile
+    params: dict
+    data: bool
+    network: Any = None
+
+    def messages(self) -> int:
+        """About how many messages its simulation sends: its rounds on every rank."""
+        alg = schedules.get(self.collective, self.algorithm)
+        if alg.cost is None:
+            return self.p
+        n = SPECS[self.collective].size(self.count, 1, self.p)
+        return self.p * alg.formula(self.p, n, 1, **alg.tuned(self.p, n, 1, self.profile)).rounds
+
+    def line(self) -> str:
+        import time as _time
+
+        from ..sim import phantoms, run_collective
+        spec, alg, p, prof = SPECS[self.collective], schedules.get(self.collective, self.algorithm), self.p, self.profile
+        params, itemsize = self.params or None, 4 if self.data else 1
+        n_in = spec.input_count(self.count, p)
+        if self.data:
+            rng = np.random.default_rng(p)
+            inputs = [rng.integers(0, 10, n_in).astype(np.int32) for _ in range(p)]
+        else:
+            inputs = phantoms(p, n_in, np.uint8)
+        t0 = _time.perf_counter()
+        cl, outs = run_collective(self.collective, self.algorithm, inputs, profile=prof, params=params,
+                                  per_node=prof.per_node)
+        wall = _time.perf_counter() - t0
+        n = spec.size(self.count, itemsize, p)
+        f = alg.predict(p, n, 1, prof, **self.params) - prof.overhead
+        row = (f"p={p:<5} {self.algorithm:<19} sim {human_time(cl.time):>10}  formula {human_time(f):>10}  "
+               f"busiest {human_bytes(cl.traffic()['busiest_sent']):>9}")
+        if self.data:
+            bad = sum(not np.array_equal(o, spec.expected(inputs, r, "SUM" if spec.reduces else None))
+                      for r, o in enumerate(outs) if o is not None)
+            row += "  check " + ("ok" if bad == 0 else f"{bad} ranks WRONG")
+        if self.network is not None:
+            slow, _ = run_collective(self.collective, self.algorithm, phantoms(p, n_in, np.uint8), profile=prof,
+                                     params=params, network=self.network, per_node=prof.per_node)
+            row += f"  slowed {human_time(slow.time):>10} ({slow.time / cl.time if cl.time else 1:.2f}x)"
+        return row + f"  [{wall:.1f} s]"
 
 
 def _network(p: int, straggler: tuple[int | None, float] | None, slow_links: dict | None, overhead: float,
@@ -366,6 +416,8 @@ def add_parser(sub, name: str, text: str = "") -> None:
         s.add_argument("--slow-link", type=_link, action="append", default=[], metavar="SRC:DST=FACTOR",
                        help="time: one link direction FACTOR times slower (repeatable)")
         s.add_argument("--overhead", type=args.time, default=0.0, help="time: per-message CPU overhead (LogP's o)")
+        s.add_argument("--jobs", type=_count, default=0,
+                       help="time: rows simulated at once, each in its own process (0: one per core; 1: none)")
         s.add_argument("--count", type=_count, default=4096, help="accuracy: elements per rank")
         s.add_argument("--values", choices=["uniform", "normal"], default="uniform",
                        help="accuracy: the random data (uniform in [0, 1): well conditioned sums)")

@@ -387,3 +387,25 @@ def test_the_lectures_float32_ring_difference_at_64_ranks():
     from ringmpi.tools.precision import lecture_check
     worst, rel = lecture_check()
     assert 2e-6 < worst < 5e-5 and rel < 1e-6
+
+
+def test_sim_time_rows_in_parallel_processes_read_as_in_one(monkeypatch):
+    """`sim time` runs its rows in spawned processes when they are many messages; the table
+    is the one a single process prints (but for each row's own wall time)."""
+    import concurrent.futures
+    import re
+
+    from ringmpi.tools import explain
+    submitted = []
+
+    class Pool(concurrent.futures.ProcessPoolExecutor):
+        def submit(self, fn, *args, **kwargs):
+            submitted.append(fn)
+            return super().submit(fn, *args, **kwargs)
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Pool)
+    monkeypatch.setattr(explain, "PARALLEL_MESSAGES", 0)
+    table = [explain.time_table("allreduce", 3 << 20, [8, 12], LECTURE, straggler=(None, 1.5), jobs=j) for j in (2, 1)]
+    walls = [re.findall(r"\[\d+\.\d s\]", t) for t in table]
+    assert len(submitted) == len(walls[0])
+    assert len(walls[0]) == len(walls[1]) >= 10 and "slowed" in table[0] and "# p=12: rank 11 x1.5" in table[0]
+    assert [re.sub(r"\[\d+\.\d s\]", "", t) for t in table[0:1]] == [re.sub(r"\[\d+\.\d s\]", "", table[1])]
