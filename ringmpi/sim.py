@@ -346,8 +346,8 @@ class VirtualRank(ReceiveThenReduce):
 #: then 2-3, 4-5, ...). Rank r of a ring can be at most d rounds ahead of rank r+d: run
 #: alone, a window rises to a pyramid of BUCKET rounds in its middle, and the next sweep's
 #: windows, centred on the valleys between pyramids, raise them as far. So a sweep moves
-#: every rank about BUCKET/2 rounds while 2 BUCKET ranks' state (their greenlets' stacks,
-#: frames and views) stays in cache; a sweep of the whole cluster for every round missed
+#: every rank about BUCKET rounds (4094 rounds in 65 sweeps at 2048 ranks) while 2 BUCKET
+#: ranks' state (their greenlets' stacks, frames and views) stays in cache; a sweep of the whole cluster for every round missed
 #: the caches on every rank once p passed a thousand or two (the skewed tiles of stencil
 #: codes, found by the ready set itself: `benchmarks/README.md` has the figures).
 BUCKET = 64
