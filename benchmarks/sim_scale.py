@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -33,7 +34,7 @@ def one(collective: str, algorithm: str, p: int, nbytes: int) -> dict:
         t0 = time.perf_counter()
         cl, _ = run_collective(collective, algorithm, phantoms(p, nbytes))
         walls.append(time.perf_counter() - t0)
-    wall = sorted(walls)[len(walls) // 2]
+    wall = statistics.median(walls)
     formula = cost(collective, algorithm, p, nbytes, 1).time(LECTURE) - LECTURE.overhead
     tr = cl.traffic()
     return dict(collective=collective, algorithm=algorithm, p=p, bytes=nbytes, wall_s=wall, sim_s=cl.time,

@@ -165,8 +165,8 @@ class VirtualRank(ReceiveThenReduce):
         self.op = _Op(self)              # the exchange in flight
         self.stack = cluster._stacks[rank // BUCKET]   # where it waits to run once ready
         self.let: Any = None             # the greenlet the rank runs in (`VirtualCluster.run`)
-        # the cluster's, copied here for sendrecv's inlined path (one lookup less each,
-        # 7% less per message at 1024 ranks: `benchmarks/README.md`)
+        # the cluster's, copied here for sendrecv's inlined path: one lookup less each
+        # (measured in `benchmarks/README.md`, "Ranks run in windows")
         self.alpha, self.beta, self.per_node = cluster.alpha, cluster.beta, cluster.per_node
         self.ends = cluster._ends
         self.data = cluster.data
@@ -215,7 +215,7 @@ class VirtualRank(ReceiveThenReduce):
             cl._pair(k, op, e[1], e[2], recvbuf)
         else:
             cl._queue(k, e, 1, op, recvbuf)
-        if op.pending:
+        if op.pending:   # (`VirtualCluster._park`, inlined)
             ready = cl._here
             (ready.pop() if ready else (ready.pop() if (ready := cl._next) else cl._main)).switch()
         else:   # (`_Op.finish`, inlined)
@@ -351,8 +351,8 @@ class VirtualRank(ReceiveThenReduce):
 #: then 2-3, 4-5, ...). Rank r of a ring can be at most d rounds ahead of rank r+d: run
 #: alone, a window rises to a pyramid of BUCKET rounds in its middle, and the next sweep's
 #: windows, centred on the valleys between pyramids, raise them as far. So a sweep moves
-#: every rank about BUCKET rounds (4094 rounds in 65 sweeps at 2048 ranks) while 2 BUCKET
-#: ranks' state (their greenlets' stacks, frames and views) stays in cache; a sweep of the whole cluster for every round missed
+#: every rank about BUCKET rounds while 2 BUCKET ranks' state (their greenlets' stacks,
+#: frames and views) stays in cache; a sweep of the whole cluster for every round missed
 #: the caches on every rank once p passed a thousand or two (the skewed tiles of stencil
 #: codes, found by the ready set itself: `benchmarks/README.md` has the figures).
 BUCKET = 64
@@ -474,12 +474,20 @@ class VirtualCluster:
     def _park(self) -> None:
         """Suspend the running rank until its op completes, switching straight to a ready
         rank of the window (one switch per exchange, not two through a scheduler), or to the
-        main greenlet when the window has none (`run` moves it). Within a bucket the rank
-        made ready last goes first (a stack, not a queue): its state is still in cache, and
-        in a ring it can often post its next exchange and complete it at once, with no
-        switch at all."""
-        ready = self._here
-        (ready.pop() if ready else (ready.pop() if (ready := self._next) else self._main)).switch()
+        main greenlet when the window has none (`run` moves it). (`VirtualRank.sendrecv`
+        inlines this.)"""
+        let = self._ready_one()
+        (self._main if let is None else let).switch()
+
+    def _ready_one(self) -> Any:
+        """The greenlet of a ready rank of the window, taken from its bucket, or None. Within
+        a bucket the rank made ready last goes first (a stack, not a queue): its state is
+        still in cache, and in a ring it can often post its next exchange and complete it
+        at once, with no switch at all."""
+        here = self._here
+        if here:
+            return here.pop()
+        return self._next.pop() if self._next else None
 
     def _window(self, b: int) -> bool:
         """Buckets b and b+1 (cyclically) are where parked ranks look for the next to run;
@@ -509,9 +517,8 @@ class VirtualCluster:
                     rk.snapshots.append((rk.clock, rk.watch.copy()))
                 # a finished greenlet returns to its parent: the window's next ready rank,
                 # as a parked one hands over (the main greenlet would move the window on)
-                ready = self._here
-                if not errors and (ready or (ready := self._next)):
-                    greenlet.getcurrent().parent = ready.pop()
+                if not errors and (let := self._ready_one()) is not None:
+                    greenlet.getcurrent().parent = let
         for rk in self.ranks:
             rk.let = greenlet(lambda r=rk.rank: body(r))
         # the engine makes no reference cycle per message (a rank and its one reused op are
@@ -540,7 +547,7 @@ class VirtualCluster:
                 self.sweeps += 1
                 for b in range(parity, len(stacks) + parity, 2):
                     if self._window(b):
-                        go(self._here.pop() if self._here else self._next.pop())
+                        go(self._ready_one())
                 parity ^= len(stacks) > 1
         finally:
             for st in stacks:

@@ -185,18 +185,17 @@ def time_table(collective: str, nbytes: int, workers: list[int], prof: cm.Profil
             if not schedules.get(collective, name).why_not(_layout(p, prof.per_node)):
                 rows.append(TimeRow(collective, name, p, count, prof, params, data, net))
     tasks = [r for r in rows if isinstance(r, TimeRow)]
+    size = {id(t): t.messages() for t in tasks}
     jobs = jobs or len(os.sched_getaffinity(0))
-    done: dict[int, str] = {}
-    if jobs > 1 and len(tasks) > 1 and sum(r.messages() for r in tasks) > PARALLEL_MESSAGES:
+    done: dict[int, str] = {}   # id(row): its line, from the processes
+    if jobs > 1 and len(tasks) > 1 and sum(size.values()) > PARALLEL_MESSAGES:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
-        longest = sorted(range(len(tasks)), key=lambda i: -tasks[i].messages())
         # spawned, not forked: a fork of a process that has started MPI or threads is unsafe
         with ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {i: pool.submit(tasks[i].line) for i in longest}
-            done = {i: f.result() for i, f in futures.items()}
-    out = iter(done[i] if i in done else t.line() for i, t in enumerate(tasks))
-    lines += [next(out) if isinstance(r, TimeRow) else r for r in rows]
+            futures = {id(t): pool.submit(t.line) for t in sorted(tasks, key=lambda t: -size[id(t)])}
+            done = {k: f.result() for k, f in futures.items()}
+    lines += [r if isinstance(r, str) else done.get(id(r)) or r.line() for r in rows]
     return "\n".join(lines)
 
 
