@@ -1,16 +1,16 @@
-"""The collectives: one spec each (what is true whatever the algorithm) and its public call.
+"""The collectives' public calls, and what the API adds to each collective's spec.
 
-A spec (`Collective`, the nccl-tests plug-in idea) tells every layer what it needs:
+A collective's spec (`ringmpi.specs`: counts, bus bandwidth, harness data, expected
+results, the simulator's stand-in for MPI's own) is true whatever carries it. Its subclass
+here adds what the call path needs:
 
     prepare(edge, ...)      the API edge: validate the user's arguments, build the `Call`
-    nccl_count / size       the benchmark's count column and bytes (per rank or whole vector)
-    busbw_factor(p)         nccl-tests' bus bandwidth factor
-    make(rank, p, x, ...)   a harness call (simulator, benchmark, demo) from this rank's input x
-    expected(xs, rank, ..)  the exact result on `rank` from every rank's input (numpy)
     args(call) / invoke     the public function's arguments for a harness call / the call itself
     mpi(t, call)            the MPI library's own collective, through `Group.library`
+    again / direct          the fast path: a call on the very same arrays, MPI's own on them
 
-Adding a collective is a spec here plus a schedule module in `ringmpi/schedules/`.
+Adding a collective is its spec in `ringmpi/specs.py` and this subclass, plus a schedule
+module in `ringmpi/schedules/`.
 """
 from __future__ import annotations
 
@@ -20,12 +20,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .backend import Phantom, phantom
+from . import specs
 from .api import CACHE, PLANS, Edge, Memo, call_plan, execute, flat_view, group, label, request, restart, send_recv_plan
 from .requests import Persistent, Request, progress, testall, waitall
 from .call import Call, block_counts, offsets
-from .ops import ACCUMULATOR, OPS, ROUNDING, is_half, kind
-from .settings import settings
+from .specs import arithmetic
 from .transport import IN_PLACE, LRU
 
 #: the public calls (re-exported by `ringmpi`); the specs are `SPECS` and `spec(name)`
@@ -35,92 +34,24 @@ __all__ = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "a
            "Request", "Persistent", "waitall", "testall", "progress"]
 
 
-def _fold(op: str, arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """The reduction in rank order; AVG the sum divided by the rank count, once."""
-    acc = np.array(arrays[0], copy=True)
-    for a in arrays[1:]:
-        OPS[op](acc, a, out=acc)
-    if op == "AVG":
-        acc /= len(arrays)
-    return acc
-
-
-def arithmetic(dtype: np.dtype, op: str | None, deterministic: bool | None = None) -> tuple:
-    """The call parameters that concern the arithmetic (`ringmpi.schedules`): `deterministic`
-    for a floating-point SUM, AVG or PROD in the deterministic mode (the call's argument, else
-    RINGMPI_DETERMINISTIC), and a 16-bit float's `partials`, the bytes of its partial sums
-    (RINGMPI_PARTIALS; float32 always in the deterministic mode, whose fold is in float32)."""
-    if op not in ROUNDING:
-        return ()
-    st = settings()
-    keep = st.deterministic if deterministic is None else deterministic
-    out = (("deterministic", True),) if keep and kind(dtype) in "fc" else ()
-    if is_half(dtype):
-        out += (("partials", ACCUMULATOR.itemsize if keep or st.partials == 32 else dtype.itemsize),)
-    return out
-
-
 def _deterministic(e: Edge, value: Any) -> bool | None:
     if value is not None and not isinstance(value, (bool, np.bool_)):
         e.fail(f"deterministic must be True, False or None (RINGMPI_DETERMINISTIC), got {value!r}")
     return None if value is None else bool(value)
 
 
-def _blank(n: int, like: np.ndarray) -> np.ndarray:
-    """A buffer of n elements like `like` whose old contents must not matter (zeros; None
-    for symbolic data; a phantom for data-free simulation)."""
-    if isinstance(like, Phantom):
-        return phantom(n, like.dtype)
-    return np.full(n, None, dtype=object) if like.dtype.kind == "O" else np.zeros(n, like.dtype)
-
-
 def _result(recvbuf: Any, flat: np.ndarray, shape: tuple) -> Any:
     return recvbuf if recvbuf is not None else flat.reshape(shape)
 
 
-class Collective:
-    """What is true of a collective whatever the algorithm (override per collective)."""
-    name = ""
-    reduces = False          # combines data with an op
-    rooted = False           # has a root argument
+class Collective(specs.Collective):
+    """A collective as the API serves it: its spec (`ringmpi.specs`: what is true whatever
+    carries it) and what the call path adds (override per collective)."""
     elementwise = False      # MPI's own call can be cut into pieces along the buffer (large counts)
-    per_rank = False         # nccl-tests: the count column is per rank (size = count x nranks)
-    busbw = "1"              # nccl-tests' bus bandwidth factor, as printed
-    simulated_native = ""    # the algorithm the simulator runs for "mpi" (the library's choice is opaque)
-    taught = ""              # the algorithm the lecture's tables show
-    has_out_of_place = True
     send_arg, recv_arg = "sendbuf", "recvbuf"   # the public function's buffer arguments
-
-    def busbw_factor(self, p: int) -> float:
-        return 1.0
-
-    def nccl_count(self, nbytes: int, itemsize: int, p: int) -> int:
-        return nbytes // itemsize // (p if self.per_rank else 1)
-
-    def size(self, count: int, itemsize: int, p: int) -> int:
-        """Bytes of the whole vector for `count` in the count column (algbw = size / time)."""
-        return count * itemsize * (p if self.per_rank else 1)
-
-    def input_count(self, count: int, p: int) -> int:
-        """Elements of each rank's input for `count` in the count column."""
-        return count
 
     def prepare(self, e: Edge, **args: Any) -> tuple[Call, Any]:
         raise NotImplementedError
-
-    def make(self, rank: int, p: int, x: np.ndarray, *, op: str | None = None, root: int = 0,
-             inplace: bool = False) -> Call:
-        raise NotImplementedError
-
-    def expected(self, xs: Sequence[np.ndarray], rank: int, op: str | None = None, root: int = 0) -> np.ndarray | None:
-        raise NotImplementedError
-
-    def output(self, call: Call) -> Any:
-        return call.recv
-
-    def shown(self, call: Call) -> Any:
-        """The buffer the simulator's symbolic tables print after every round."""
-        return call.recv if call.recv is not None else call.send
 
     def args(self, call: Call) -> dict:
         """The public function's arguments (but comm and algorithm) for a harness call."""
@@ -151,9 +82,6 @@ class Collective:
             out[self.recv_arg] = recvbuf
         return out
 
-    def __repr__(self) -> str:
-        return f"<collective {self.name}>"
-
 
 #: a new all-reduce result up to this size is the send buffer's copy reduced in place
 #: (`api.send_recv_plan`): the copy costs less than the second buffer mpi4py parses; at
@@ -161,12 +89,8 @@ class Collective:
 _COPY_IN_PLACE = 1024
 
 
-class _Allreduce(Collective):
-    name, reduces, busbw, simulated_native, taught = "allreduce", True, "2(n-1)/n", "rabenseifner", "ring"
+class _Allreduce(Collective, specs.Allreduce):
     elementwise = True
-
-    def busbw_factor(self, p):
-        return 2 * (p - 1) / p
 
     def prepare(self, e, sendbuf, recvbuf, op, deterministic=None):
         inplace = recvbuf is not None and recvbuf is sendbuf
@@ -177,11 +101,6 @@ class _Allreduce(Collective):
                     params=arithmetic(send.dtype, opn, _deterministic(e, deterministic))), \
             _result(recvbuf, recv, sendbuf.shape)
 
-    def make(self, rank, p, x, *, op=None, root=0, inplace=False):
-        send = x.copy()
-        return Call(self, send, send if inplace else _blank(x.size, x), x.size, op, inplace=inplace,
-                    params=arithmetic(x.dtype, op))
-
     def again(self, call, dtype, canonical, sendbuf, recvbuf):
         # all that can change about the same array objects: their writability, a dtype set in place
         if sendbuf.dtype is not dtype or recvbuf.dtype is not dtype or not recvbuf.flags.writeable:
@@ -189,9 +108,6 @@ class _Allreduce(Collective):
         send = flat_view(sendbuf, canonical)
         recv = send if call.inplace else flat_view(recvbuf, canonical)
         return Call(self, send, recv, call.count, call.op, call.root, call.counts, call.inplace, call.params)
-
-    def expected(self, xs, rank, op=None, root=0):
-        return _fold(op, xs)
 
     def args(self, call):
         return dict(sendbuf=call.send, recvbuf=call.recv, op=call.op)
@@ -205,16 +121,7 @@ class _Allreduce(Collective):
                               copy_in_place=send.nbytes <= _COPY_IN_PLACE)
 
 
-class _ReduceScatter(Collective):
-    name, reduces, per_rank, busbw, simulated_native, taught = \
-        "reduce_scatter", True, True, "(n-1)/n", "ring", "ring"
-
-    def busbw_factor(self, p):
-        return (p - 1) / p
-
-    def input_count(self, count, p):
-        return count * p
-
+class _ReduceScatter(Collective, specs.ReduceScatter):
     def prepare(self, e, sendbuf, recvbuf, op, counts=None, deterministic=None):
         inplace = recvbuf is not None and recvbuf is sendbuf
         send = e.array("sendbuf", sendbuf, writable=inplace)
@@ -228,20 +135,6 @@ class _ReduceScatter(Collective):
             return Call(self, send, recv, send.size, opn, counts=c, inplace=True, params=params), recv
         recv = e.recv(recvbuf, send, c[r])
         return Call(self, send, recv, send.size, opn, counts=c, params=params), _result(recvbuf, recv, (c[r],))
-
-    def make(self, rank, p, x, *, op=None, root=0, inplace=False):
-        c = tuple(block_counts(x.size, p))
-        off = offsets(c)
-        send = x.copy()
-        recv = send[off[rank]:off[rank + 1]] if inplace else _blank(c[rank], x)
-        return Call(self, send, recv, x.size, op, counts=c, inplace=inplace, params=arithmetic(x.dtype, op))
-
-    def expected(self, xs, rank, op=None, root=0):
-        off = offsets(block_counts(xs[0].size, len(xs)))
-        return _fold(op, xs)[off[rank]:off[rank + 1]]
-
-    def shown(self, call):
-        return call.send if call.inplace else call.recv
 
     def args(self, call):
         return dict(sendbuf=call.send, recvbuf=call.send if call.inplace else call.recv, op=call.op, counts=None)
@@ -265,12 +158,7 @@ class _ReduceScatter(Collective):
                               "reduce_scatter/mpi", choice, slow, tuner)
 
 
-class _Allgather(Collective):
-    name, per_rank, busbw, simulated_native, taught = "allgather", True, "(n-1)/n", "recursive_doubling", "ring"
-
-    def busbw_factor(self, p):
-        return (p - 1) / p
-
+class _Allgather(Collective, specs.Allgather):
     def prepare(self, e, sendbuf, recvbuf, counts=None):
         p, r = e.t.size, e.t.rank
         inplace = recvbuf is not None and recvbuf is sendbuf
@@ -294,18 +182,6 @@ class _Allgather(Collective):
         recv = e.recv(recvbuf, buf, off[-1])
         return Call(self, buf, recv, off[-1], counts=c), _result(recvbuf, recv, (off[-1],))
 
-    def make(self, rank, p, x, *, op=None, root=0, inplace=False):
-        n = x.size
-        recv = _blank(n * p, x)
-        if inplace:
-            if not isinstance(x, Phantom):
-                recv[rank * n:(rank + 1) * n] = x
-            return Call(self, recv[rank * n:(rank + 1) * n], recv, n * p, counts=(n,) * p, inplace=True)
-        return Call(self, x.copy(), recv, n * p, counts=(n,) * p)
-
-    def expected(self, xs, rank, op=None, root=0):
-        return np.concatenate(xs)
-
     def args(self, call):
         return dict(sendbuf=call.recv if call.inplace else call.send, recvbuf=call.recv, counts=None)
 
@@ -323,8 +199,7 @@ class _Allgather(Collective):
                               slow, tuner)
 
 
-class _Broadcast(Collective):
-    name, rooted, simulated_native, taught, has_out_of_place = "broadcast", True, "tree", "pipeline", False
+class _Broadcast(Collective, specs.Broadcast):
     elementwise = True
     send_arg, recv_arg = "buf", None
 
@@ -333,13 +208,6 @@ class _Broadcast(Collective):
         root = e.root(root)
         params = () if segments is None else (("segments", e.integer("segments", segments, 1)),)
         return Call(self, flat, flat, flat.size, None, root, inplace=True, params=params), buf
-
-    def make(self, rank, p, x, *, op=None, root=0, inplace=True):
-        buf = x.copy() if rank == root else _blank(x.size, x)
-        return Call(self, buf, buf, x.size, None, root, inplace=True)
-
-    def expected(self, xs, rank, op=None, root=0):
-        return xs[root]
 
     def args(self, call):
         return dict(buf=call.recv, root=call.root, segments=call.param("segments"))
@@ -353,8 +221,7 @@ class _Broadcast(Collective):
                          tuner)
 
 
-class _Reduce(Collective):
-    name, reduces, rooted, simulated_native, taught = "reduce", True, True, "tree", "ring"
+class _Reduce(Collective, specs.Reduce):
     elementwise = True
 
     def prepare(self, e, sendbuf, recvbuf, root, op, deterministic=None):
@@ -369,14 +236,6 @@ class _Reduce(Collective):
         recv = send if inplace else e.recv(recvbuf, send, send.size)
         return Call(self, send, recv, send.size, opn, root, inplace=inplace, params=params), \
             _result(recvbuf, recv, sendbuf.shape)
-
-    def make(self, rank, p, x, *, op=None, root=0, inplace=False):
-        send = x.copy()
-        recv = (send if inplace else _blank(x.size, x)) if rank == root else None
-        return Call(self, send, recv, x.size, op, root, inplace=inplace and rank == root, params=arithmetic(x.dtype, op))
-
-    def expected(self, xs, rank, op=None, root=0):
-        return _fold(op, xs) if rank == root else None
 
     def args(self, call):
         return dict(sendbuf=call.send, recvbuf=call.recv, root=call.root, op=call.op)
@@ -409,15 +268,7 @@ class _Reduce(Collective):
         return call_plan(t, "Reduce", build, label(self, "mpi", call), choice, slow, tuner)
 
 
-class _Alltoall(Collective):
-    name, busbw, simulated_native, taught = "alltoall", "(n-1)/n", "pairwise", "pairwise"
-
-    def busbw_factor(self, p):
-        return (p - 1) / p
-
-    def nccl_count(self, nbytes, itemsize, p):
-        return nbytes // itemsize // p * p  # whole blocks: one per rank
-
+class _Alltoall(Collective, specs.Alltoall):
     def prepare(self, e, sendbuf, recvbuf):
         p = e.t.size
         inplace = recvbuf is not None and recvbuf is sendbuf
@@ -427,15 +278,6 @@ class _Alltoall(Collective):
         recv = send if inplace else e.recv(recvbuf, send, send.size)
         call = Call(self, send, recv, send.size, counts=(send.size // p,) * p, inplace=inplace)
         return call, _result(recvbuf, recv, sendbuf.shape)
-
-    def make(self, rank, p, x, *, op=None, root=0, inplace=False):
-        send = x.copy()
-        recv = send if inplace else _blank(x.size, x)
-        return Call(self, send, recv, x.size, counts=(x.size // p,) * p, inplace=inplace)
-
-    def expected(self, xs, rank, op=None, root=0):
-        b = xs[0].size // len(xs)
-        return np.concatenate([x[rank * b:(rank + 1) * b] for x in xs])
 
     def args(self, call):
         return dict(sendbuf=call.send, recvbuf=call.recv)
@@ -448,17 +290,18 @@ class _Alltoall(Collective):
                               slow, tuner)
 
 
+#: the specs as the API serves them, by name (`ringmpi.specs.SPECS`, each with the call path's part)
 SPECS: dict[str, Collective] = {s.name: s for s in (_Allreduce(), _ReduceScatter(), _Allgather(), _Broadcast(),
                                                      _Reduce(), _Alltoall())}
+
 _ALLREDUCE, _REDUCE_SCATTER, _ALLGATHER, _BROADCAST, _REDUCE, _ALLTOALL = SPECS.values()
 
 
 def spec(name: str) -> Collective:
-    """The spec of collective `name` (ValueError naming the valid ones otherwise)."""
-    try:
-        return SPECS[name]
-    except KeyError:
-        raise ValueError(f"unknown collective {name!r}; expected one of {', '.join(SPECS)}") from None
+    """The API's spec of collective `name` (ValueError naming the valid ones otherwise)."""
+    specs.spec(name)   # (its error names the collectives)
+    return SPECS[name]
+
 
 
 # -- the public calls ------------------------------------------------------------------------

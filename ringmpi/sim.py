@@ -26,9 +26,9 @@ import numpy as np
 from greenlet import greenlet
 
 from .backend import NUMPY, PHANTOM, Phantom, phantom
-from .collectives import spec as collective_spec
 from .cost import LECTURE, Profile
 from .schedules import get
+from .specs import spec as collective_spec
 from .transport import Counters, ReceiveThenReduce, split_nodes
 
 __all__ = ["Sym", "VirtualCluster", "VirtualRank", "Network", "SimDeadlock", "symbolic", "phantoms", "run_collective"]

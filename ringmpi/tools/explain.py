@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import cost as cm
 from .. import model, schedules
-from ..collectives import SPECS
+from ..specs import SPECS
 from ..units import SIZE_HELP, human_bytes, human_time
 from . import args
 

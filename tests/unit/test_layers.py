@@ -20,11 +20,12 @@ PKG = Path(ringmpi.__file__).parent
 LAYERS = [
     ("leaves", {"errors", "units", "call", "transport", "cost", "ops"}),
     ("memory and settings", {"backend", "settings", "device", "cma"}),
-    ("algorithms and models", {"schedules", "schedules.*", "stall", "requests", "model", "calibrate"}),
+    ("algorithms and models", {"specs", "schedules", "schedules.*", "stall", "requests", "model", "calibrate"}),
+    ("simulator", {"sim"}),
     ("choice", {"auto"}),
     ("call pipeline", {"api"}),
     ("collectives", {"collectives"}),
-    ("transports", {"mpicomm", "sim", "shm"}),
+    ("transports", {"mpicomm", "shm"}),
     ("mpi4py drop-in", {"comm", "run"}),
     ("trainer", {"dp", "dp.*", "torch", "torch.*"}),
     ("package and tools", {"__init__", "__main__", "launch", "tools", "tools.*"}),
@@ -165,3 +166,15 @@ def assert_implements(cls: type, proto: type) -> None:
             assert name in getattr(cls, "__annotations__", {}) or hasattr(cls, name) or \
                 name in inspect.getsource(cls.__init__), \
                 f"{cls.__name__} lacks attribute {name}"
+
+
+def test_the_api_serves_every_spec():
+    """The API's spec of each collective extends the one the simulator and the harnesses use
+    (`ringmpi.specs`): the same collectives, each a subclass of its spec."""
+    from ringmpi import collectives, specs
+    assert list(collectives.SPECS) == list(specs.SPECS)
+    for name, served in collectives.SPECS.items():
+        assert isinstance(served, type(specs.SPECS[name])), name
+        assert collectives.spec(name) is served
+    with pytest.raises(ValueError, match="unknown collective 'scan'; expected one of allreduce"):
+        collectives.spec("scan")

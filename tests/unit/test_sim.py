@@ -11,7 +11,7 @@ from helpers import assert_within_ulp
 
 from ringmpi import settings
 from ringmpi.backend import phantom
-from ringmpi.collectives import SPECS
+from ringmpi.specs import SPECS
 from ringmpi.ops import BFLOAT16
 from ringmpi.cost import LECTURE, Profile
 from ringmpi.model import cost
