@@ -4,7 +4,8 @@ A `Call` is what the API edge (or a harness: the simulator, the benchmark) hands
 algorithm body after validation: flat 1-D buffers and the call's arguments. Bodies read
 it and never see user-facing arguments (shapes, `None` receive buffers, MPI objects).
 
-    collective  the collective's spec (`ringmpi.collectives.Collective`)
+    collective  the collective's spec (`ringmpi.specs.Collective`; the API's subclass
+                in `ringmpi.collectives` for a call it prepared)
     send, recv  flat buffers; `recv is None` where a rank gets no result (reduce off-root)
     count       the n of the cost formula: elements of the whole vector (all-gather: of the
                 result; all-to-all: of one rank's send buffer)
