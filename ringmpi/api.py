@@ -770,7 +770,7 @@ def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice:
                 last.dtype, last.canonical = sendbuf.dtype, c.send.dtype
         t.begin(name)
         try:
-            _run_body(t, dev, alg, c._replace(params=params) if params else c)   # (_replace: ~500 ns)
+            _run_body(t, dev, alg, c._replace(params=params) if params else c)   # (_replace only if needed)
         finally:
             t.end()
         if failed is not None:
@@ -836,10 +836,11 @@ def send_recv_plan(t: Any, function: str, op: str | None, shape: tuple | None, d
     `run.same_buffers` skips the overlap test: for a caller that passes the very arrays
     (by identity) that passed it before (an array's memory never moves). `copy_in_place`
     (a small all-reduce whose result is shaped like its input): a new result is a copy of
-    the send buffer reduced in place, which costs mpi4py one buffer less (~100 ns, against
-    ~15 ns more for copying a few hundred bytes than for allocating them)."""
+    the send buffer reduced in place, which costs mpi4py one buffer less to parse, more
+    than copying a few hundred bytes costs over allocating them (`collectives._COPY_IN_PLACE`)."""
     # (one closure, longer than the house's 50 lines: the hot loop of the fast path, where a
-    # call through a helper costs ~80 ns against a 1-2 us MPI call)
+    # call through a helper is a measurable share of a small MPI call: benchmarks/README.md,
+    # "Figures behind constants in the code")
     fn, mpi_op, in_place, mpi_type = t.direct(function, op, dtype)
     empty, may_share = np.empty, np.may_share_memory
     if shape is not None and len(shape) == 1:

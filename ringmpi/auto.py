@@ -273,11 +273,11 @@ class Tuner:
 
     Exploration in two stages, each candidate's calls back to back (a call's time depends on
     what ran before it: a different algorithm leaves the MPI library's queues and the
-    caches in another state, so round-robin timings misjudge the steady state by up to 2x).
+    caches in another state, so round-robin timings misjudge the steady state).
     Stage 0: every candidate once untimed (first-touch costs) and once timed; combined
     across ranks (MAX), a candidate stays if within PRUNE0 of the fastest. Stage 1: those
-    again, once untimed (the first call after another algorithm's pays for the switch: 3-8x
-    a steady call at 256 KiB) and STAGE1 times timed, MPI's own always among them (one
+    again, once untimed (the first call after another algorithm's pays for the switch,
+    several times a steady call) and STAGE1 times timed, MPI's own always among them (one
     unlucky call must not rule out the library). A candidate's score is the mean of its
     stage-1 calls, MAX over ranks; the lowest wins. The mean of calls back to back is what a
     loop of them takes; the fastest calls of a rank are not (the calls it came late to,
@@ -392,8 +392,9 @@ class Tuner:
     def _rate(self, seconds: float) -> None:
         """One call in `sample` timed, for calls of `seconds` each (the same on every rank:
         the tuned and monitored times are MAX over ranks, a seed comes from rank 0's profile).
-        A call timed alone while exploring runs cold (4 us for an 8-byte MPI_Allreduce that
-        takes 0.8 us in a loop); the monitored median corrects the rate at every check."""
+        A call timed alone while exploring runs cold (several times a call in a loop:
+        benchmarks/README.md, "Figures behind constants in the code"); the monitored
+        median corrects the rate at every check."""
         want = self.SAMPLE_COST / (self.SHARE * seconds) if seconds > 0 else self.SAMPLE_MAX
         self.sample = round(min(self.SAMPLE_MAX, max(self.SAMPLE_MIN, want)))
 

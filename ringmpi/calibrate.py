@@ -6,7 +6,8 @@ Each measured (algorithm, size) of a collective is one equation
 whose counts come from the algorithm's registered formula. Fitting all four constants to
 those equations at once trades one against another (every all-reduce moves 2 bytes per byte
 it reduces, so beta and gamma are not separable there; over a shaped link the fit put
-gamma^-1 at 0.136 GB/s where numpy adds at 8 GB/s). So, when the measurements are there:
+numpy's reduction rate two orders of magnitude too low: benchmarks/README.md, "Figures behind
+constants in the code"). So, when the measurements are there:
 
     gamma   from the array backend's own reduction on this rank (no network), the worst rank
     alpha,  from point-to-point ring rounds (every rank sendrecv's n bytes right), small and
@@ -129,7 +130,7 @@ def fit_measured(samples: list[Sample], p: int, name: str = "measured", meta: di
     to the collectives' timings by non-negative least squares with both multipliers held
     near 1 (`ANCHOR`, clipped to [0.5, 4]). beta stays what the exchanges measured: it is
     the link's rate, and letting the collectives move it trades it against gamma again
-    (over a 1 Gbit/s link the collectives alone put it 30% above the link). Falls back to
+    (over a shaped link the collectives alone put it above the link's rate). Falls back to
     `fit_profile` without the direct samples."""
     p2p = [(s.count * s.itemsize, s.seconds) for s in samples if s.collective == "p2p"]
     red = [(s.count * s.itemsize, s.seconds) for s in samples if s.collective == "gamma"]

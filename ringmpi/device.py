@@ -448,7 +448,8 @@ class DeviceGroup(CountedMemory, PrivateMemory, ReceiveThenReduce):
     def _whole(self, slot: int, n: int, dtype: Any) -> np.ndarray:
         """n elements of pinned host memory kept in `slot` between calls (grow-only): a fresh
         allocation per call would pay its page faults, and the MPI library its registration
-        of new addresses (10x the time of the transfer at 1 MiB here)."""
+        of new addresses, which cost more than the transfer itself at 1 MiB
+        (benchmarks/README.md, "Figures behind constants in the code")."""
         nbytes = n * np.dtype(dtype).itemsize
         while len(self._slots) <= slot:
             self._slots.append(self.backend.pinned(0))

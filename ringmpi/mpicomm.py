@@ -566,8 +566,8 @@ class MPITransport(_Wire):
     def direct(self, function: str, op: str | None = None, dtype: Any = None) -> tuple[Any, Any, Any, Any]:
         """(the library's communicator method, its op object, its IN_PLACE, the MPI datatype
         of `dtype`) for the fast path's plans, which call MPI with the user's arrays as they
-        are. A buffer given as (array, datatype) costs mpi4py ~45 ns less per buffer than a
-        bare array (it needs no format string from numpy), and the datatype comes from the
+        are. A buffer given as (array, datatype) costs mpi4py less than a bare array (it
+        needs no format string from numpy), and the datatype comes from the
         canonical dtype, so 'l' and 'q' arrays give every rank the same MPI type."""
         mpi_type = None
         if dtype is not None:

@@ -141,7 +141,7 @@ def _narrow(src: np.ndarray, dst: np.ndarray) -> None:
         t, m = work[:s.size], small[:s.size]
         np.abs(s, out=t)
         np.less(t, tiny, out=m)            # (NaN is not small: it converts as it is)
-        if np.count_nonzero(m) > s.size // 16:   # (a few numpy converts at ~65 ns each: less than our passes)
+        if np.count_nonzero(m) > s.size // 16:   # (numpy converts a few slowly: less than our passes cost)
             np.multiply(s, step, out=t)
             np.rint(t, out=t)
             np.divide(t, step, out=t)

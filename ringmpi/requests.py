@@ -482,7 +482,7 @@ class Engine:
 GRACE = 1e-4
 #: the longest the progress thread sleeps between tests while requests are in flight: a
 #: large message over TCP advances only when it is tested, so a longer nap stretches the
-#: transfer (benchmarks/README.md, "Requests"); Linux sleeps at least ~50 us more anyway
+#: transfer (benchmarks/README.md, "Requests"); Linux's timer slack adds to any nap anyway
 MAX_NAP = 2e-5
 #: every request begun and not complete in this process (a blocking call tests it, one
 #: global read while nothing is in flight, and then advances the requests beside its own

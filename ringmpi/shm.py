@@ -178,7 +178,7 @@ class SharedTransport(CountedMemory):
                 old.close()
         self._arena = self.segments[0].size - self._ctl_bytes
         # control words of every rank's segment, as Python ints (a memoryview reads and
-        # writes one in about 30 ns; a numpy scalar takes longer): ctl[q][d * WORDS + word]
+        # writes one faster than a numpy scalar): ctl[q][d * WORDS + word]
         self.ctl = [memoryview(self.peers[q][0].map)[:WORDS * self.size * 8].cast("q") for q in range(self.size)]
         self._mine = self.ctl[self.rank]
         self._arena_bytes = self.segments[0].array

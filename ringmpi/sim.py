@@ -91,7 +91,8 @@ class _Op:
     def finish(self) -> None:
         """The op is complete: its rank's clock is its end, its rounds one more than the
         deepest of it and its peers (`VirtualRank.sendrecv` and `VirtualCluster._pair`
-        inline this: a call there cost 2-5% per message, side by side)."""
+        inline this: a call there cost more per message, side by side: benchmarks/README.md,
+        "Figures behind constants in the code")."""
         rank = self.rank
         rank.clock = self.start + self.slowest + self.largest
         rank.rounds = self.deepest + 1
@@ -446,7 +447,7 @@ class VirtualCluster:
         if self.data:
             np.copyto(rbuf, sbuf)
         # each op folds the other's posted values (written out both ways: a method called
-        # twice measured 4-8% more per message, the simulator's hot path)
+        # twice costs more per message, the simulator's hot path; benchmarks/README.md)
         if other.posted > op.start:
             op.start = other.posted
         if other.latency > op.slowest:

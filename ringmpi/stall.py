@@ -216,7 +216,8 @@ def _due(t: Any, known: _Peers, now: float, s: Any) -> bool:
     flight since the last tick (it may be stuck), else every half of the time a stuck peer
     waits before asking (its question is answered before its deadline). Reading less often
     when nothing waits keeps the inspector's MPI calls away from a busy loop's: one probe a
-    second made 8 B calls ~0.1 us slower on Open MPI (benchmarks/overhead.py)."""
+    second made 8 B calls measurably slower on Open MPI (benchmarks/README.md, "Per-call
+    overhead, and what the stall inspector costs")."""
     if t.busy and known.seq == t.current:
         return True
     return now - known.polled >= _ask_after(t, s.stall_warn, s.stall_abort) / 2

@@ -79,8 +79,8 @@ class DataParallel:
     None overlaps where it can hide anything (`ringmpi.api.overlaps`: several hosts, or a
     core to spare for the progress thread) and MPI lets a thread progress it; every rank
     takes the same choice. Off by default: a request over TCP still costs more than the
-    blocking call (1.2-1.4x for this trainer's buckets on two namespace hosts), more than
-    overlap hid there (benchmarks/README.md). Overlapped and blocking training give the same bits:
+    blocking call for this trainer's buckets on two namespace hosts, more than overlap hid
+    there (benchmarks/README.md, "Training that hides its communication"). Overlapped and blocking training give the same bits:
     the same buckets, packed the same way, reduced by the same schedule (with a fixed
     algorithm: `auto` may choose differently for requests).
     """

@@ -134,9 +134,8 @@ def _two_nodes(cross, call, mine, j) -> None:
     rounds, as the 2-rank rings would (a rank sends twice the ring's bytes, in one round
     instead of two: `_one_way_cost`), but no connection carries data both ways at once.
     Full-duplex traffic on one TCP connection behind a deep transmit queue runs at half
-    the link rate (measured: an 8 MiB MPI_Sendrecv between two hosts over 1 Gbit/s took
-    141 ms, two one-way 8 MiB sends on separate connections 71 ms), since each direction's
-    acknowledgements wait behind the other's data; a 2-rank ring exchanges with one peer
+    the link rate (measured: benchmarks/README.md, "Figures behind constants in the
+    code"), since each direction's acknowledgements wait behind the other's data; a 2-rank ring exchanges with one peer
     both ways in every round."""
     peer = 1 - cross.rank
     if cross.rank == j % 2:
