@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -191,12 +192,19 @@ def time_table(collective: str, nbytes: int, workers: list[int], prof: cm.Profil
     if jobs > 1 and len(tasks) > 1 and sum(size.values()) > PARALLEL_MESSAGES:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
-        # spawned, not forked: a fork of a process that has started MPI or threads is unsafe
-        with ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        with ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=multiprocessing.get_context(_start_method())) as pool:
             futures = {id(t): pool.submit(t.line) for t in sorted(tasks, key=lambda t: -size[id(t)])}
             done = {k: f.result() for k, f in futures.items()}
     lines += [r if isinstance(r, str) else done.get(id(r)) or r.line() for r in rows]
     return "\n".join(lines)
+
+
+def _start_method() -> str:
+    """How `sim time` starts its processes: forked, so that they need not import numpy and
+    ringmpi again, unless this process runs threads or has loaded MPI (a fork of either is
+    unsafe: a lock held by another thread, MPI's state): then spawned."""
+    import threading
+    return "fork" if threading.active_count() == 1 and "mpi4py.MPI" not in sys.modules else "spawn"
 
 
 #: `sim time` runs its rows in parallel processes when they send more messages than this

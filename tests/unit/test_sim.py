@@ -2,6 +2,7 @@
 equal to numpy, and simulated time / traffic / rounds equal to every registered formula."""
 from __future__ import annotations
 
+import types
 from dataclasses import replace
 
 import numpy as np
@@ -390,7 +391,7 @@ def test_the_lectures_float32_ring_difference_at_64_ranks():
 
 
 def test_sim_time_rows_in_parallel_processes_read_as_in_one(monkeypatch):
-    """`sim time` runs its rows in spawned processes when they are many messages; the table
+    """`sim time` runs its rows in processes of their own when they are many messages; the table
     is the one a single process prints (but for each row's own wall time)."""
     import concurrent.futures
     import re
@@ -409,3 +410,25 @@ def test_sim_time_rows_in_parallel_processes_read_as_in_one(monkeypatch):
     assert len(submitted) == len(walls[0])
     assert len(walls[0]) == len(walls[1]) >= 10 and "slowed" in table[0] and "# p=12: rank 11 x1.5" in table[0]
     assert [re.sub(r"\[\d+\.\d s\]", "", t) for t in table[0:1]] == [re.sub(r"\[\d+\.\d s\]", "", table[1])]
+
+
+def test_sim_time_forks_only_a_process_without_threads_or_mpi(monkeypatch):
+    """A forked process needs no imports (the rows start at once), but a fork of a process
+    that runs threads or has loaded MPI is unsafe: then the processes are spawned."""
+    import sys
+    import threading
+
+    from ringmpi.tools import explain
+    monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)
+    assert explain._start_method() == "fork"
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", types.ModuleType("mpi4py.MPI"))
+    assert explain._start_method() == "spawn"
+    monkeypatch.delitem(sys.modules, "mpi4py.MPI")
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait)
+    worker.start()
+    try:
+        assert explain._start_method() == "spawn"
+    finally:
+        stop.set()
+        worker.join()
