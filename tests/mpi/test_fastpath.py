@@ -12,78 +12,60 @@ from mpi4py import MPI
 import ringmpi
 from ringmpi.api import group
 from ringmpi.api import PLANS
+from ringmpi.collectives import SPECS
 
 COMM = MPI.COMM_WORLD
 P, R = COMM.size, COMM.rank
 
 
 def reference(collective: str, x: np.ndarray, root: int = 0) -> np.ndarray | None:
-    out = np.empty_like(x)
-    if collective == "allreduce":
-        COMM.Allreduce(x, out)
-    elif collective == "reduce":
-        COMM.Reduce(x, out if R == root else None, root=root)
-        return out if R == root else None
-    elif collective == "broadcast":
-        return COMM.bcast(x, root)
-    elif collective == "alltoall":
-        COMM.Alltoall(x, out)
-    elif collective == "allgather":
-        return np.concatenate(COMM.allgather(x))
-    elif collective == "reduce_scatter":
-        COMM.Allreduce(x, out)
-        return np.split(out, P)[R]
-    return out
+    """This rank's result from every rank's `x`, by numpy (the spec's `expected`), whatever
+    algorithm ringmpi ran."""
+    spec = SPECS[collective]
+    return spec.expected(COMM.allgather(x), R, "SUM" if spec.reduces else None, root)
 
 
 def call(collective, x, out, alg, root=0):
-    if collective == "broadcast":
-        return ringmpi.broadcast(x, root, algorithm=alg)
-    if collective == "reduce":
-        return ringmpi.reduce(x, out, root, algorithm=alg)
-    return getattr(ringmpi, collective)(x, out, algorithm=alg)
+    """The public call on send buffer `x` and result buffer `out` (None: a new one)."""
+    spec = SPECS[collective]
+    args = {spec.send_arg: x, **({"root": root} if spec.rooted else {})}
+    if spec.recv_arg:
+        args[spec.recv_arg] = out
+    return getattr(ringmpi, collective)(**args, algorithm=alg)
 
 
-COLLECTIVES = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall"]
+COLLECTIVES = list(SPECS)
 
 
 @pytest.mark.parametrize("collective", COLLECTIVES)
 def test_repeated_calls_match_mpi(collective, rng):
     """Five calls per (algorithm, placement) with fresh data: the first builds the plan,
-    the others use it."""
-    n = 6 * P
+    the others use it. The buffers are the spec's harness call (`make`); "new" passes no
+    result buffer."""
+    spec = SPECS[collective]
+    n, root, op = 6 * P, 1 % P, "SUM" if spec.reduces else None
     for alg in ringmpi.algorithms(collective, COMM) + ["auto"]:
-        for place in ("new", "given", "inplace"):
-            if collective in ("broadcast",) and place != "inplace":
-                continue
+        for place in ("new", "given", "inplace") if spec.has_out_of_place else ("inplace",):
             for _ in range(5):
                 x = rng.integers(-50, 50, n).astype(np.float64)
-                root = 1 % P
                 want = reference(collective, x, root)
-                keep = x.copy()
-                if place == "new":
-                    got = call(collective, x, None, alg, root)
-                elif place == "given":
-                    size = n * P if collective == "allgather" else n // P if collective == "reduce_scatter" else n
-                    out = np.full(size, -1.0)
-                    got = call(collective, x, out, alg, root)
-                    assert got is None or got is out
-                else:
-                    if collective == "allgather":
-                        x = np.zeros(n * P)
-                        x[R * n:(R + 1) * n] = keep
-                    got = call(collective, x, x, alg, root)
-                    if collective == "reduce_scatter":
-                        got = x[R * (n // P):(R + 1) * (n // P)]
-                    elif collective in ("allreduce", "alltoall", "allgather", "broadcast") or R == root:
-                        got = x
+                c = spec.make(R, P, x, op=op, root=root, inplace=place == "inplace")
+                args = spec.args(c)
+                if place == "new" and spec.recv_arg:
+                    args[spec.recv_arg] = None
+                keep = c.send.copy()
+                got = getattr(ringmpi, collective)(**args, algorithm=alg)
                 what = f"{collective}/{alg} {place}"
+                if place == "given":
+                    assert got is None or got is args[spec.recv_arg], what
+                if place != "new":
+                    got = spec.output(c)   # (in place: the caller's buffer, or its block)
                 if want is None:
                     assert got is None, what
                 else:
                     assert np.array_equal(got, want), what
                 if place != "inplace":
-                    assert np.array_equal(x, keep), what + ": sendbuf modified"
+                    assert np.array_equal(c.send, keep), what + ": sendbuf modified"
 
 
 def test_plans_are_kept_and_used():
@@ -194,7 +176,8 @@ def test_the_same_arrays_with_a_dtype_or_shape_set_in_place(collective, alg, rng
     n = 4 * P
     x = rng.integers(1, 1 << 20, n).astype(np.float32)
     root = 1 % P
-    out = np.empty(n * P if collective == "allgather" else n // P if collective == "reduce_scatter" else n, np.float32)
+    recv = SPECS[collective].make(R, P, x, root=root).recv   # (the harness call's result buffer: its size;
+    out = np.empty(x.size if recv is None else recv.size, np.float32)   # reduce's off the root is ignored)
     buf = x.copy()
 
     def same_arrays():
