@@ -519,7 +519,7 @@ def _runnable(e: Edge, spec: Any, name: str, call: Call, on: Any) -> tuple[Any, 
     why = alg.refuses(on, call)
     if why:
         e.fail(f"algorithm {name!r} cannot run here: {why}")
-    if alg.cost is None and not on.native_serves(call.count, spec.elementwise):
+    if alg.cost is None and not on.native_serves(call):
         e.fail(f"algorithm 'mpi' cannot take {call.count} elements: the MPI library's {spec.name} counts are "
                f"C ints (at most {on.max_count}); use one of ringmpi's algorithms or 'auto'")
     return alg, _with_tunables(on, alg, call)
@@ -735,7 +735,7 @@ def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice:
     else the body after a fresh validation of the buffers (the arguments are known good).
     Under a tuner every call counts down to the next timed one (`monitored`). `dev`: the
     call is on device buffers, which never go to MPI without their transport."""
-    if dev is None and alg.cost is None and t.native_serves(call.count, spec.elementwise) and call.op != "AVG" and \
+    if dev is None and alg.cost is None and t.native_serves(call) and call.op != "AVG" and \
             _library_takes(call):
         fast = spec.direct(t, call, args, choice, slow, tuner)
         if fast is not None:

@@ -178,7 +178,7 @@ def choose(t: Any, call: Call) -> dict:
     ckey = (collective, call.count, call.itemsize, call.params, st.generation)
     choice = t.choices.get(ckey)
     if choice is None:
-        native_ok = t.native_serves(call.count, call.collective.elementwise)
+        native_ok = t.native_serves(call)
         if forced is not None:
             _alg.get(collective, forced)  # an unknown name is an error, not ignored
             choice = {"algorithm": forced, "why": "forced by RINGMPI_ALGO"}
@@ -224,7 +224,7 @@ def choose_request(view: Any, g: Any, call: Call) -> dict:
     ckey = (collective, call.count, call.itemsize, call.params, st.generation, view.on_device)
     choice = g.request_choices.get(ckey)
     if choice is None:
-        native_ok = g.native_serves(call.count, call.collective.elementwise)
+        native_ok = g.native_serves(call)
         choice = _predicted_choice(view, call, profile_of(g), native_ok)
         preds = choice["predicted_s"]
         ours = {a: s for a, s in preds.items() if a != "mpi"}

@@ -6,8 +6,8 @@ here adds what the call path needs:
 
     prepare(edge, ...)      the API edge: validate the user's arguments, build the `Call`
     args(call) / invoke     the public function's arguments for a harness call / the call itself
-    mpi(t, call)            the MPI library's own collective, through `Group.library`
     again / direct          the fast path: a call on the very same arrays, MPI's own on them
+                            (which MPI function a Call is: the MPI transport's `own`)
 
 Adding a collective is its spec in `ringmpi/specs.py` and this subclass, plus a schedule
 module in `ringmpi/schedules/`.
@@ -25,7 +25,7 @@ from .api import CACHE, PLANS, Edge, Memo, call_plan, execute, flat_view, group,
 from .requests import Persistent, Request, progress, testall, waitall
 from .call import Call, block_counts, offsets
 from .specs import arithmetic
-from .transport import IN_PLACE, LRU
+from .transport import LRU
 
 #: the public calls (re-exported by `ringmpi`); the specs are `SPECS` and `spec(name)`
 __all__ = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "shift", "shared_empty",
@@ -47,7 +47,6 @@ def _result(recvbuf: Any, flat: np.ndarray, shape: tuple) -> Any:
 class Collective(specs.Collective):
     """A collective as the API serves it: its spec (`ringmpi.specs`: what is true whatever
     carries it) and what the call path adds (override per collective)."""
-    elementwise = False      # MPI's own call can be cut into pieces along the buffer (large counts)
     send_arg, recv_arg = "sendbuf", "recvbuf"   # the public function's buffer arguments
 
     def prepare(self, e: Edge, **args: Any) -> tuple[Call, Any]:
@@ -60,9 +59,6 @@ class Collective(specs.Collective):
     def invoke(self, call: Call, comm: Any = None, algorithm: str = "auto") -> Any:
         """The public function on a harness call: what a user's program runs."""
         return globals()[self.name](**self.args(call), comm=comm, algorithm=algorithm)
-
-    def mpi(self, t: Any, call: Call) -> None:
-        raise NotImplementedError
 
     def again(self, call: Call, dtype: np.dtype, canonical: np.dtype, sendbuf: Any, recvbuf: Any) -> Call | None:
         """`prepare`'s Call (`call`, its buffers stripped) for the very arrays (the same
@@ -90,7 +86,6 @@ _COPY_IN_PLACE = 1024
 
 
 class _Allreduce(Collective, specs.Allreduce):
-    elementwise = True
 
     def prepare(self, e, sendbuf, recvbuf, op, deterministic=None):
         inplace = recvbuf is not None and recvbuf is sendbuf
@@ -111,9 +106,6 @@ class _Allreduce(Collective, specs.Allreduce):
 
     def args(self, call):
         return dict(sendbuf=call.send, recvbuf=call.recv, op=call.op)
-
-    def mpi(self, t, call):
-        t.library("Allreduce", IN_PLACE if call.inplace else call.send, call.recv, call.op)
 
     def direct(self, t, call, args, choice, slow, tuner=None):
         send = args["sendbuf"]
@@ -138,18 +130,6 @@ class _ReduceScatter(Collective, specs.ReduceScatter):
 
     def args(self, call):
         return dict(sendbuf=call.send, recvbuf=call.send if call.inplace else call.recv, op=call.op, counts=None)
-
-    def mpi(self, t, call):
-        # MPI's in-place form leaves the result at the front of the buffer, ours at block r;
-        # an empty block still carries the buffer's address, which MPICH rejects as aliased.
-        alias = call.inplace or (call.recv.size == 0 and call.send.size > 0)
-        if not alias and call.count and len(set(call.counts)) == 1:   # what the plan calls (`direct`)
-            t.library("Reduce_scatter_block", call.send, call.recv, call.op)
-            return
-        out = t.empty(call.recv.size, call.dtype) if alias else call.recv
-        t.library("Reduce_scatter", call.send, out, list(call.counts), call.op)
-        if out is not call.recv:
-            t.copy(out, call.recv)
 
     def direct(self, t, call, args, choice, slow, tuner=None):
         if call.inplace or args.get("counts") is not None or not call.count or call.count % t.size:
@@ -185,13 +165,6 @@ class _Allgather(Collective, specs.Allgather):
     def args(self, call):
         return dict(sendbuf=call.recv if call.inplace else call.send, recvbuf=call.recv, counts=None)
 
-    def mpi(self, t, call):
-        if len(set(call.counts)) == 1:   # what the plan calls (`direct`): a rank on the full path meets the others
-            t.library("Allgather", IN_PLACE if call.inplace else call.send, call.recv)
-            return
-        displs = offsets(call.counts)[:-1]
-        t.library("Allgatherv", IN_PLACE if call.inplace else call.send, [call.recv, (list(call.counts), displs)])
-
     def direct(self, t, call, args, choice, slow, tuner=None):
         if args.get("counts") is not None:
             return None
@@ -200,7 +173,6 @@ class _Allgather(Collective, specs.Allgather):
 
 
 class _Broadcast(Collective, specs.Broadcast):
-    elementwise = True
     send_arg, recv_arg = "buf", None
 
     def prepare(self, e, buf, root, segments=None):
@@ -212,9 +184,6 @@ class _Broadcast(Collective, specs.Broadcast):
     def args(self, call):
         return dict(buf=call.recv, root=call.root, segments=call.param("segments"))
 
-    def mpi(self, t, call):
-        t.library("Bcast", call.recv, call.root)
-
     def direct(self, t, call, args, choice, slow, tuner=None):
         root = call.root
         return call_plan(t, "Bcast", lambda buf, _: ((buf, root), buf), label(self, "mpi", call), choice, slow,
@@ -222,7 +191,6 @@ class _Broadcast(Collective, specs.Broadcast):
 
 
 class _Reduce(Collective, specs.Reduce):
-    elementwise = True
 
     def prepare(self, e, sendbuf, recvbuf, root, op, deterministic=None):
         root = e.root(root)
@@ -239,12 +207,6 @@ class _Reduce(Collective, specs.Reduce):
 
     def args(self, call):
         return dict(sendbuf=call.send, recvbuf=call.recv, root=call.root, op=call.op)
-
-    def mpi(self, t, call):
-        if call.inplace:
-            t.library("Reduce", IN_PLACE, call.recv, call.op, call.root)
-        else:
-            t.library("Reduce", call.send, call.recv, call.op, call.root)
 
     def direct(self, t, call, args, choice, slow, tuner=None):
         # as send_recv_plan's, with the root: a result only there (a new array, IN_PLACE, or
@@ -281,9 +243,6 @@ class _Alltoall(Collective, specs.Alltoall):
 
     def args(self, call):
         return dict(sendbuf=call.send, recvbuf=call.recv)
-
-    def mpi(self, t, call):
-        t.library("Alltoall", IN_PLACE if call.inplace else call.send, call.recv)
 
     def direct(self, t, call, args, choice, slow, tuner=None):
         return send_recv_plan(t, "Alltoall", None, None, args["sendbuf"].dtype, "alltoall/mpi", choice,

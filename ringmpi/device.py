@@ -470,7 +470,7 @@ class DeviceGroup(CountedMemory, PrivateMemory, ReceiveThenReduce):
         nan_rule = call.op in ("MAX", "MIN") and call.dtype.kind == "f"
         self.backend.ready()
         if self.aware and not nan_rule:
-            call.collective.mpi(self, call)    # its scratch and copies on the device, its MPI call on ours
+            self.parent.own(call, self)    # its scratch and copies on the device, its MPI call on ours
             return
         bufs = [b for b in (call.send, call.recv) if b is not None]
         if call.inplace:    # one buffer, the other a view of it (or itself): one host copy of the larger

@@ -49,6 +49,7 @@ from mpi4py import MPI
 
 from . import requests, stall
 from .backend import NUMPY, ArrayBackend, ScratchPool
+from .call import offsets
 from .device import DeviceGroup, Support
 from .errors import RankFailure, RingmpiError, RingmpiUsageError
 from .ops import OPS, canonical, op_name, wire
@@ -203,8 +204,15 @@ class _Wire(CountedMemory, PrivateMemory, ReceiveThenReduce):
 
     # -- the MPI library's own collectives ----------------------------------------------
     def native(self, call: Any) -> None:
-        """The library's own collective: the call's spec knows which MPI function it is."""
-        call.collective.mpi(self, call)
+        """The library's own collective for `call` (`own`)."""
+        self.own(call, self)
+
+    @staticmethod
+    def own(call: Any, through: Any) -> None:
+        """MPI's own collective for `call`: which library function it is (`_OWN`), called
+        through `through.library` (this transport, a request's, or a device group's, whose
+        scratch and copies are on the device)."""
+        _OWN[call.collective.name](through, call)
 
     def library(self, function: str, *args: Any) -> None:
         """Call communicator method `function` (e.g. "Allreduce") with ringmpi's arguments
@@ -220,9 +228,10 @@ class _Wire(CountedMemory, PrivateMemory, ReceiveThenReduce):
         self._invoke(function, [MPI.IN_PLACE if a is IN_PLACE else _MPI_OPS[a] if isinstance(a, str) else
                                 wire(a) if isinstance(a, np.ndarray) else a for a in args])
 
-    def native_serves(self, count: int, elementwise: bool) -> bool:
-        """Whether the library's own collective can take a call of `count` elements."""
-        return elementwise or count <= self.max_count
+    def native_serves(self, call: Any) -> bool:
+        """Whether the library's own collective can take `call`: its counts are C ints, but
+        an element-wise one is cut into pieces (`_in_pieces`)."""
+        return call.collective.name in _CUT or call.count <= self.max_count
 
     def device(self, backend: Any, aware: bool) -> Any:
         """The transport for calls on `backend`'s device buffers (`ringmpi.device`), made at
@@ -699,7 +708,7 @@ class RequestView(_Wire):
         is one library call: `api._one_library_call`); `pending` holds its request."""
         self.posting = True
         try:
-            call.collective.mpi(self, call)
+            self.native(call)
         finally:
             self.posting = False
 
@@ -708,7 +717,7 @@ class RequestView(_Wire):
         inactive; None where the library or mpi4py has none."""
         self.binding = True
         try:
-            call.collective.mpi(self, call)
+            self.native(call)
         except (AttributeError, NotImplementedError, MPI.Exception):
             return None
         finally:
@@ -796,6 +805,49 @@ class RequestView(_Wire):
 
 
 _ELEMENTWISE = ("Allreduce", "Reduce", "Bcast")
+_CUT = frozenset({"allreduce", "reduce", "broadcast"})   # the collectives whose own call is one of those
+
+
+# -- MPI's own collective for a Call: which library function, with which arguments ----------
+def _allreduce(t: Any, call: Any) -> None:
+    t.library("Allreduce", IN_PLACE if call.inplace else call.send, call.recv, call.op)
+
+
+def _reduce_scatter(t: Any, call: Any) -> None:
+    # MPI's in-place form leaves the result at the front of the buffer, ours at block r;
+    # an empty block still carries the buffer's address, which MPICH rejects as aliased.
+    alias = call.inplace or (call.recv.size == 0 and call.send.size > 0)
+    if not alias and call.count and len(set(call.counts)) == 1:   # what the plan calls (`Collective.direct`)
+        t.library("Reduce_scatter_block", call.send, call.recv, call.op)
+        return
+    out = t.empty(call.recv.size, call.dtype) if alias else call.recv
+    t.library("Reduce_scatter", call.send, out, list(call.counts), call.op)
+    if out is not call.recv:
+        t.copy(out, call.recv)
+
+
+def _allgather(t: Any, call: Any) -> None:
+    if len(set(call.counts)) == 1:   # what the plan calls: a rank on the full path meets the others
+        t.library("Allgather", IN_PLACE if call.inplace else call.send, call.recv)
+        return
+    displs = offsets(call.counts)[:-1]
+    t.library("Allgatherv", IN_PLACE if call.inplace else call.send, [call.recv, (list(call.counts), displs)])
+
+
+def _broadcast(t: Any, call: Any) -> None:
+    t.library("Bcast", call.recv, call.root)
+
+
+def _reduce(t: Any, call: Any) -> None:
+    t.library("Reduce", IN_PLACE if call.inplace else call.send, call.recv, call.op, call.root)
+
+
+def _alltoall(t: Any, call: Any) -> None:
+    t.library("Alltoall", IN_PLACE if call.inplace else call.send, call.recv)
+
+
+_OWN = {"allreduce": _allreduce, "reduce_scatter": _reduce_scatter, "allgather": _allgather,
+        "broadcast": _broadcast, "reduce": _reduce, "alltoall": _alltoall}
 _ABANDONED: list = []   # (MPI requests, scratch) of request rounds that failed (`RequestView._await`)
 _ERROR_CLASSES = {getattr(MPI, n): f"MPI_{n}" for n in sorted(dir(MPI), reverse=True)
                   if n.startswith("ERR_") and isinstance(getattr(MPI, n), int) and n != "ERR_LASTCODE"}
