@@ -185,10 +185,15 @@ def test_the_same_arrays_with_a_dtype_or_shape_set_in_place(collective, alg, rng
             buf[:] = x
             return call(collective, buf, None, alg, root)
         return call(collective, x, out, alg, root)
-    for _ in range(70):   # (past auto's exploration, and a pause of the memo after other tests' arrays died)
+    # past auto's exploration and the memo's pause after other tests' arrays died (up to 64
+    # calls, from a state those tests left): every rank calls until every rank's memo holds
+    # these arrays' plan
+    for calls in range(1, 301):
         got, want = same_arrays(), reference(collective, x, root)
         assert (got is None and want is None) or np.array_equal(got, want)
-    assert CACHE.memo(collective).plan is not None   # the memo holds these arrays' plan
+        if calls >= 70 and COMM.allreduce(CACHE.memo(collective).plan is not None, op=MPI.LAND):
+            break
+    assert CACHE.memo(collective).plan is not None, f"the memo holds no plan after {calls} calls"
     for a in (x, out, buf):
         a.dtype = np.int32                          # the same objects, the same bytes
     got, want = same_arrays(), reference(collective, x, root)
