@@ -44,9 +44,18 @@ def job(tmp_path: Path, code: str, n: int = 3, env: dict | None = None, timeout:
     base.update({**({} if defaults else {"RINGMPI_ABORT_ON_EXCEPTION": "0"}), "OMP_NUM_THREADS": "1", **(env or {})})
     cmd = [sys.executable, "-m", "ringmpi.launch", "-n", str(n), "--timeout", str(timeout),
            *(["--mpi-args", mpi_args] if mpi_args else []), "--", sys.executable, str(script)]
-    t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60, env=base, errors="replace")
-    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - t0
+    for _ in range(2):
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60, env=base, errors="replace")
+        out = proc.stdout + proc.stderr
+        if LAUNCH_FAILED not in out:
+            break
+    return proc.returncode, out, time.monotonic() - t0
+
+
+#: Open MPI's launcher failing before any rank starts, which a CI run here met once in 33 fault
+#: jobs (the scenario never ran; launched again, it did): such a job is run a second time
+LAUNCH_FAILED = "The PMIx server's listener thread failed to start"
 
 
 def lines(out: str, tag: str) -> list[str]:
