@@ -55,7 +55,8 @@ def address(buf: np.ndarray) -> int:
     """The address of a C-contiguous array's first byte. Through ctypes' view of its buffer
     it costs a fifth of numpy's own ways (`.ctypes.data`, `__array_interface__`), which
     build an object first: several a round would be a third of a small shared-memory
-    round's time (benchmarks/README.md, "Figures behind constants in the code"). Read-only and empty arrays (no writable byte to view) take numpy's."""
+    round's time (benchmarks/README.md, "Figures behind constants in the code").
+    Read-only and empty arrays (no writable byte to view) take numpy's."""
     try:
         return _addressof(_from_buffer(buf))
     except (TypeError, ValueError, BufferError):

@@ -86,7 +86,6 @@ _COPY_IN_PLACE = 1024
 
 
 class _Allreduce(Collective, specs.Allreduce):
-
     def prepare(self, e, sendbuf, recvbuf, op, deterministic=None):
         inplace = recvbuf is not None and recvbuf is sendbuf
         send = e.array("sendbuf", sendbuf, writable=inplace)

@@ -806,6 +806,9 @@ class RequestView(_Wire):
 
 _ELEMENTWISE = ("Allreduce", "Reduce", "Bcast")
 _CUT = frozenset({"allreduce", "reduce", "broadcast"})   # the collectives whose own call is one of those
+_ABANDONED: list = []   # (MPI requests, scratch) of request rounds that failed (`RequestView._await`)
+_ERROR_CLASSES = {getattr(MPI, n): f"MPI_{n}" for n in sorted(dir(MPI), reverse=True)
+                  if n.startswith("ERR_") and isinstance(getattr(MPI, n), int) and n != "ERR_LASTCODE"}
 
 
 # -- MPI's own collective for a Call: which library function, with which arguments ----------
@@ -848,9 +851,7 @@ def _alltoall(t: Any, call: Any) -> None:
 
 _OWN = {"allreduce": _allreduce, "reduce_scatter": _reduce_scatter, "allgather": _allgather,
         "broadcast": _broadcast, "reduce": _reduce, "alltoall": _alltoall}
-_ABANDONED: list = []   # (MPI requests, scratch) of request rounds that failed (`RequestView._await`)
-_ERROR_CLASSES = {getattr(MPI, n): f"MPI_{n}" for n in sorted(dir(MPI), reverse=True)
-                  if n.startswith("ERR_") and isinstance(getattr(MPI, n), int) and n != "ERR_LASTCODE"}
+
 _SALTS = 251                 # (prime) labels per sequence number in the tag space
 _SALT: dict[str, int] = {}   # label -> 1 .. _SALTS-1, the same in every process (not hash())
 

@@ -608,9 +608,8 @@ def run_collective(collective: str, algorithm: str, inputs: list[np.ndarray], *,
         call = spec.make(t.rank, p, inputs[t.rank], op=op if spec.reduces else None, root=root, inplace=inplace)
         itemsize = cl.nbytes(call.send[:1]) if call.count else 1
         tuned = {**dict(call.params), **alg.tuned(p, call.count, itemsize, profile), **(params or {})}
-        call = call._replace(params=tuple(sorted(tuned.items())))
-        if not data:   # (`_plain`)
-            call = call._replace(send=_plain(call.send), recv=_plain(call.recv))
+        plain = {} if data else dict(send=_plain(call.send), recv=_plain(call.recv))   # (`_plain`)
+        call = call._replace(params=tuple(sorted(tuned.items())), **plain)
         if watch:
             t.watch = spec.shown(call)
         alg.run(t, call)
