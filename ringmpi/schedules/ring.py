@@ -43,7 +43,7 @@ from ..cost import Cost, best_segments
 from ..ops import ACCUMULATOR
 from . import block_counts, cdiv, offsets, register
 
-__all__ = ["reduce_scatter_phase", "allgather_phase", "allreduce_part", "reduce_scatter_part", "blocks_of",
+__all__ = ["reduce_scatter_phase", "allgather_phase", "allreduce_part", "reduce_scatter_part", "blocks_of", "widths_of",
            "blocks_to_root", "segment_counts"]
 
 
@@ -59,9 +59,16 @@ def blocks_of(off: tuple, part: tuple[int, int] | None = None) -> tuple[slice, .
     return tuple(slice(min(off[b] + lo, off[b + 1]), min(off[b] + hi, off[b + 1])) for b in range(len(off) - 1))
 
 
-def reduce_scatter_phase(t, src, blk: list[slice], op, out, shift: int = 0) -> int:
-    """Ring reduce-scatter of the blocks `blk` of `src` (`blocks_of`: whole blocks, or one
-    part of each); returns the block this rank ends owning.
+@lru_cache(maxsize=256)
+def widths_of(off: tuple, part: tuple[int, int] | None = None) -> frozenset[int]:
+    """The distinct widths of `blocks_of(off, part)` (two for an even split): once per
+    partition, not once per rank, whose p blocks made it p^2 work on a virtual cluster."""
+    return frozenset(b.stop - b.start for b in blocks_of(off, part))
+
+
+def reduce_scatter_phase(t, src, off: tuple, part: tuple[int, int] | None, op, out, shift: int = 0) -> int:
+    """Ring reduce-scatter of the blocks `off` of `src`, whole or one `part` of each
+    (`blocks_of`); returns the block this rank ends owning.
 
     Round i sends block (r-i+shift) and reduces block (r-i-1+shift) into block c of the
     array `out`, or into `out(i, c)` where a function chooses (scratch blocks); round 0
@@ -70,9 +77,9 @@ def reduce_scatter_phase(t, src, blk: list[slice], op, out, shift: int = 0) -> i
     """
     p, r = t.size, t.rank
     right, left = (r + 1) % p, (r - 1) % p
+    blk, widths = blocks_of(off, part), widths_of(off, part)
     # where a received block lands before it is reduced (None over shared memory, which
     # reads it in the neighbour's memory and reduces it there, in one pass)
-    widths = {b.stop - b.start for b in blk}
     tmp = t.landing(max(widths), src.dtype)
     lands = {} if tmp is None else {w: tmp[:w] for w in widths}   # its view for a block of each width
     out_for = out if callable(out) else None
@@ -133,12 +140,12 @@ def allreduce_part(t, call, off, part: tuple[int, int] | None = None) -> None:
     if call.wide_partials:
         acc = t.empty(call.send.size, ACCUMULATOR)
         t.copy(call.send, acc)
-        own = reduce_scatter_phase(t, acc, blk, call.op, acc)
+        own = reduce_scatter_phase(t, acc, off, part, call.op, acc)
         if call.op == "AVG":
             t.scale(acc[blk[own]], t.size)
         t.copy(acc[blk[own]], recv[blk[own]])
     else:
-        own = reduce_scatter_phase(t, call.send, blk, call.op, recv)
+        own = reduce_scatter_phase(t, call.send, off, part, call.op, recv)
     allgather_phase(t, recv, blk, own)
 
 
@@ -150,16 +157,17 @@ def reduce_scatter(t, call):
 def reduce_scatter_part(t, call, part: tuple[int, int] | None = None) -> None:
     """The ring reduce-scatter of the blocks `call.counts` (or of their elements `part`)."""
     p = t.size
-    blk = blocks_of(offsets(call.counts), part)
+    off = offsets(call.counts)
+    blk = blocks_of(off, part)
     mine = call.recv[blocks_of((0, call.recv.size), part)[0]]
     # Two scratch blocks alternate as "just reduced" and "being reduced"; the last round
     # reduces straight into recv, so memory stays O(n/p) beyond the user's buffers.
-    width = max(b.stop - b.start for b in blk)
+    width = max(widths_of(off, part))
     work = [t.empty(width, call.dtype), t.empty(width, call.dtype)]
 
     def out_for(i, c):
         return mine if i == p - 2 else work[i % 2][:blk[c].stop - blk[c].start]
-    own = reduce_scatter_phase(t, call.send, blk, call.op, out_for, shift=-1)
+    own = reduce_scatter_phase(t, call.send, off, part, call.op, out_for, shift=-1)
     assert own == t.rank
 
 
