@@ -19,8 +19,8 @@ runs; a `wait` that comes first (start then wait at once, nothing to overlap) ta
 request itself and runs it at the speed of a blocking call. The progress thread never
 waits inside MPI (Open MPI spins there, and would take the core the caller computes on): it
 tests, and sleeps between tests, less and less often while nothing completes, and not at
-all while a caller waits for one of its requests. It sleeps on a condition while nothing is
-in flight.
+all while a caller waits for one of its requests. With nothing in flight it lingers awake
+a few milliseconds (a start then need not wake it), then sleeps on a condition.
 
 While requests are in flight, a blocking call's own messages are waited for by testing
 them and the requests of its thread in turn, so a rank blocked in one collective still
@@ -431,13 +431,26 @@ class Engine:
 
     # -- the progress thread ---------------------------------------------------------------
     def _loop(self) -> None:
+        """Test the requests in flight, napping between tests; with none, linger awake a
+        while (a nap of LINGER_NAP at a time), then sleep until a start wakes it. Waking a
+        sleeping thread at every start cost a small request more than all of ringmpi's own
+        work for it (the woken thread takes the GIL and a core from the caller and its
+        peers: benchmarks/README.md, "Figures behind constants in the code"); a thread
+        that lingers is not woken by the starts of calls made in a loop."""
         me = threading.get_ident()
-        nap = 0.0
+        nap = idle = 0.0
         while True:
             with self.lock:
-                while not any(r.owner in (None, me) for r in self.active):
-                    self.wake.wait()
-                    nap = 0.0
+                busy = any(r.owner in (None, me) for r in self.active)
+                if not busy and idle >= LINGER:
+                    self.wake.wait()   # (until a start; then it lingers again)
+                    idle = nap = 0.0
+                    continue
+            if not busy:
+                time.sleep(LINGER_NAP)
+                idle += LINGER_NAP
+                continue
+            idle = 0.0
             moved = self.advance_mine(GRACE)   # (its loop's names die with it: an idle thread holds no request)
             if moved or self.urgent:
                 nap = 0.0
@@ -480,6 +493,10 @@ class Engine:
 #: seconds the progress thread leaves a new request to its caller: a wait that comes at once
 #: (nothing to overlap) then runs it at a blocking call's speed, without a thread's hand-off
 GRACE = 1e-4
+#: seconds the progress thread stays awake after its last request completed, napping
+#: LINGER_NAP at a time, before it sleeps until a start wakes it (`Engine._loop`): a request
+#: started meanwhile waits up to LINGER_NAP more for the thread, if its caller does not wait
+LINGER, LINGER_NAP = 8e-3, 1e-3
 #: the longest the progress thread sleeps between tests while requests are in flight: a
 #: large message over TCP advances only when it is tested, so a longer nap stretches the
 #: transfer (benchmarks/README.md, "Requests"); Linux's timer slack adds to any nap anyway
