@@ -178,9 +178,8 @@ class VirtualRank(ReceiveThenReduce):
             self._post([] if dest is None or sendbuf is None else [(sendbuf, dest)],
                        [] if source is None or recvbuf is None else [(recvbuf, source)])
             return
-        # the common two-sided case on a uniform network, `_post`, `_match` and `_pair`
-        # inlined: the simulator's hot path (a rank waits in a sendrecv once a round of every
-        # schedule; each call saved is a few per cent a message, benchmarks/README.md)
+        # the common two-sided case on a uniform network, `_post` and `_match` inlined: the
+        # simulator's hot path (a rank waits in a sendrecv once a round of every schedule)
         out, inn = sendbuf.nbytes, recvbuf.nbytes
         op = self.op
         op.posted = op.start = self.clock
@@ -206,34 +205,7 @@ class VirtualRank(ReceiveThenReduce):
         if e is None:
             ends[k] = (0, op, sendbuf)
         elif e.__class__ is tuple and e[0]:
-            other, rbuf = e[1], e[2]
-            if self.data or sendbuf.size != rbuf.size:
-                cl._move(k, sendbuf, rbuf)
-            if other.posted > op.start:
-                op.start = other.posted
-            if other.latency > op.slowest:
-                op.slowest = other.latency
-            if other.transfer > op.largest:
-                op.largest = other.transfer
-            if other.depth > op.deepest:
-                op.deepest = other.depth
-            if op.posted > other.start:
-                other.start = op.posted
-            if op.latency > other.slowest:
-                other.slowest = op.latency
-            if op.transfer > other.largest:
-                other.largest = op.transfer
-            if op.depth > other.deepest:
-                other.deepest = op.depth
-            op.pending = 1
-            if other.pending == 1 and other is not op:
-                other.pending = 0
-                rank = other.rank
-                rank.clock = other.start + other.slowest + other.largest
-                rank.rounds = other.deepest + 1
-                rank.stack.append(rank.let)
-            else:
-                other.pending -= 1
+            cl._pair(k, op, e[1], sendbuf, e[2])
         else:
             cl._queue(k, e, 0, op, sendbuf)
         k = source * self.size + self.rank
@@ -241,34 +213,7 @@ class VirtualRank(ReceiveThenReduce):
         if e is None:
             ends[k] = (1, op, recvbuf)
         elif e.__class__ is tuple and not e[0]:
-            other, sbuf = e[1], e[2]
-            if self.data or sbuf.size != recvbuf.size:
-                cl._move(k, sbuf, recvbuf)
-            if other.posted > op.start:
-                op.start = other.posted
-            if other.latency > op.slowest:
-                op.slowest = other.latency
-            if other.transfer > op.largest:
-                op.largest = other.transfer
-            if other.depth > op.deepest:
-                op.deepest = other.depth
-            if op.posted > other.start:
-                other.start = op.posted
-            if op.latency > other.slowest:
-                other.slowest = op.latency
-            if op.transfer > other.largest:
-                other.largest = op.transfer
-            if op.depth > other.deepest:
-                other.deepest = op.depth
-            op.pending -= 1
-            if other.pending == 1 and other is not op:
-                other.pending = 0
-                rank = other.rank
-                rank.clock = other.start + other.slowest + other.largest
-                rank.rounds = other.deepest + 1
-                rank.stack.append(rank.let)
-            else:
-                other.pending -= 1
+            cl._pair(k, op, e[1], e[2], recvbuf)
         else:
             cl._queue(k, e, 1, op, recvbuf)
         if op.pending:   # (`VirtualCluster._park`, inlined)
@@ -491,22 +436,16 @@ class VirtualCluster:
             ends[chan] = e[0] if len(e) == 1 else e
             self._pair(chan, op, other, buf, obuf) if side == 0 else self._pair(chan, op, other, obuf, buf)
 
-    def _move(self, chan: int, sbuf: Any, rbuf: Any) -> None:
-        """The data of a matched message moves (and a send that does not fit its receive
-        fails, as MPI would truncate or hang)."""
+    def _pair(self, chan: int, op: _Op, other: _Op, sbuf: Any, rbuf: Any) -> None:
+        """A send meets its receive on channel `chan`: the running rank's `op` and the waiting `other` (a
+        parked rank's, or `op` itself for a message to oneself). The data moves, each op
+        folds the other's posted values, and `other`, once complete, makes its rank ready."""
         if sbuf.size != rbuf.size:
             src, dst = divmod(chan, self.size)
             raise SimDeadlock(f"rank {src} sent {sbuf.size} elements to rank {dst}, "
                               f"which posted a receive of {rbuf.size} (MPI would truncate or hang)")
-        np.copyto(rbuf, sbuf)
-
-    def _pair(self, chan: int, op: _Op, other: _Op, sbuf: Any, rbuf: Any) -> None:
-        """A send meets its receive on channel `chan`: the running rank's `op` and the waiting `other` (a
-        parked rank's, or `op` itself for a message to oneself). The data moves, each op
-        folds the other's posted values, and `other`, once complete, makes its rank ready.
-        (`VirtualRank.sendrecv` inlines this for each of its two ends.)"""
-        if self.data or sbuf.size != rbuf.size:
-            self._move(chan, sbuf, rbuf)
+        if self.data:
+            np.copyto(rbuf, sbuf)
         # each op folds the other's posted values (written out both ways: a method called
         # twice costs more per message, the simulator's hot path; benchmarks/README.md)
         if other.posted > op.start:
