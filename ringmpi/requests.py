@@ -218,6 +218,7 @@ class Engine:
         self.unwaited: list[Request] = []    # complete, not yet waited for (reported at exit)
         self.thread: threading.Thread | None = None
         self.urgent = 0                      # callers waiting for a request the thread owns
+        self.asleep = False                  # the progress thread waits for a start (`_loop`)
         self._local = threading.local()      # per thread: idle worker greenlets
 
     # -- starting --------------------------------------------------------------------------
@@ -443,7 +444,9 @@ class Engine:
             with self.lock:
                 busy = any(r.owner in (None, me) for r in self.active)
                 if not busy and idle >= LINGER:
+                    self.asleep = True
                     self.wake.wait()   # (until a start; then it lingers again)
+                    self.asleep = False
                     idle = nap = 0.0
                     continue
             if not busy:
