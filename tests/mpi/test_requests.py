@@ -144,10 +144,19 @@ def test_progress_while_the_caller_computes(progress):
     """A request started, then numpy work that never calls ringmpi, then the wait: the result
     is MPI's, and with the progress thread the request completes while the caller computes,
     on every rank (the numpy work releases the GIL; no time bound but a generous one: four
-    oversubscribed ranks over TCP are slow)."""
+    oversubscribed ranks over TCP are slow). The thread starts from its sleep: after its
+    last request it lingers awake (`requests.LINGER`), then sleeps until a start wakes it."""
     settings.reload({"RINGMPI_PROGRESS": progress})
     try:
         x = np.full(1 << 16, float(R + 1))
+        if progress == "thread":
+            ringmpi.iallreduce(x, algorithm="ring").wait()
+            eng = requests.engine()
+            threaded = eng.thread is not None    # (one rank: nothing went to the thread)
+            deadline = time.monotonic() + 10
+            while threaded and not eng.asleep and time.monotonic() < deadline:
+                time.sleep(requests.LINGER)
+            assert eng.asleep or not threaded, "the progress thread still awake 10 s after its last request"
         q = ringmpi.iallreduce(x, algorithm="ring")
         a = np.random.default_rng(R).standard_normal((300, 300))
         deadline = time.monotonic() + (60 if progress == "thread" else 0.2)
@@ -159,32 +168,6 @@ def test_progress_while_the_caller_computes(progress):
         assert np.array_equal(q.wait(), np.full(1 << 16, P * (P + 1) / 2))
         if progress == "thread" and P > 1 and ringmpi.api.group().wire:
             assert COMM.allreduce(done, op=MPI.LAND), "the progress thread did not complete the request meanwhile"
-    finally:
-        settings.reload({})
-
-
-def test_the_progress_thread_sleeps_once_nothing_is_in_flight():
-    """After its last request the progress thread lingers awake (a start then need not wake
-    it: `requests.LINGER`), and then sleeps until the next start, which it serves."""
-    settings.reload({"RINGMPI_PROGRESS": "thread"})
-    try:
-        x = np.full(1 << 12, float(R + 1))
-        ringmpi.iallreduce(x, algorithm="ring").wait()
-        eng = requests.engine()
-        threaded = eng.thread is not None    # (one rank: nothing went to the thread)
-        deadline = time.monotonic() + 10
-        while threaded and not eng.asleep and time.monotonic() < deadline:
-            time.sleep(requests.LINGER)
-        assert eng.asleep or not threaded, "the progress thread still awake 10 s after its last request"
-        q = ringmpi.iallreduce(x, algorithm="ring")
-        a = np.ones((200, 200))
-        deadline = time.monotonic() + 60
-        while not q.done and time.monotonic() < deadline:   # (no ringmpi call: the thread's work)
-            a = np.tanh(a @ a.T / 200)
-        done = q.done
-        assert np.array_equal(q.wait(), np.full(1 << 12, P * (P + 1) / 2))
-        if P > 1 and ringmpi.api.group().wire:
-            assert COMM.allreduce(done, op=MPI.LAND), "the woken progress thread did not complete the request"
     finally:
         settings.reload({})
 
