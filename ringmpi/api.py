@@ -733,7 +733,7 @@ def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice:
                     tuner: Any = None, dev: Any = None) -> Callable:
     """MPI's own called straight with the user's arrays where the spec knows how (`direct`),
     else the body after a fresh validation of the buffers (the arguments are known good).
-    Under a tuner every call counts down to the next timed one (`monitored`). `dev`: the
+    Under a tuner every call counts down to the next timed one (`Tuner.due`). `dev`: the
     call is on device buffers, which never go to MPI without their transport."""
     if dev is None and alg.cost is None and t.native_serves(call) and call.op != "AVG" and \
             _library_takes(call):
@@ -747,10 +747,8 @@ def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice:
     last = _Seen()
 
     def run(sendbuf: Any, recvbuf: Any) -> Any:
-        if tuner is not None:
-            tuner.left -= 1
-            if not tuner.left:
-                return monitored(t, tuner, run, sendbuf, recvbuf)
+        if tuner is not None and next(tuner.due):
+            return _timed(t, tuner, tuner.winner, run, sendbuf, recvbuf)
         c, failed = None, None
         if last.call is not None and recvbuf is not None and last.send() is sendbuf and last.recv() is recvbuf:
             c = again(last.call, last.dtype, last.canonical, sendbuf, recvbuf)
@@ -800,17 +798,13 @@ def mpi_reference(t: Any, spec: Any, args: dict) -> Callable:
                            _slow(spec, t.user_comm, "mpi", args))
 
 
-def monitored(t: Any, tuner: Any, plan: Callable, sendbuf: Any, recvbuf: Any) -> Any:
-    """Every `tuner.sample`-th call of a tuned bucket: timed for the tuner, whose decision (a
-    switch empties the plan cache) comes at the same call on every rank."""
-    tuner.left = tuner.sample + 1  # the plan's own count takes one
-    return _timed(t, tuner, tuner.winner, plan, sendbuf, recvbuf)
-
-
 def _timed(t: Any, tuner: Any, name: str, plan: Callable, sendbuf: Any, recvbuf: Any) -> Any:
     """plan(sendbuf, recvbuf), its time told to `tuner` as a call of `name` (a decision that
-    changes the choice empties the plan cache); also when this rank stood in for bad
-    buffers and raises: the call ran on every rank, so every rank's tuner counts it."""
+    changes the choice empties the plan cache; it comes at the same call on every rank): an
+    exploring call, or a settled plan's call that `next(tuner.due)` marks (the plan called
+    again here ticks the countdown once more: one call in `sample` - 1); also when this
+    rank stood in for bad buffers and raises: the call ran on every rank, so every rank's
+    tuner counts it."""
     t0 = time.perf_counter()
     try:
         out = plan(sendbuf, recvbuf)
@@ -848,10 +842,8 @@ def send_recv_plan(t: Any, function: str, op: str | None, shape: tuple | None, d
 
     def make(check: bool) -> Callable:
         def run(sendbuf: Any, recvbuf: Any) -> Any:
-            if tuner is not None:
-                tuner.left -= 1
-                if not tuner.left:
-                    return monitored(t, tuner, run, sendbuf, recvbuf)
+            if tuner is not None and next(tuner.due):
+                return _timed(t, tuner, tuner.winner, run, sendbuf, recvbuf)
             if recvbuf is None:
                 if copy_in_place and (not check or sendbuf.flags.c_contiguous):  # (copy() would take any layout)
                     recvbuf = sendbuf.copy()
@@ -893,10 +885,8 @@ def call_plan(t: Any, function: str, build: Callable, label: str, choice: dict, 
     fn = t.direct(function)[0]
 
     def run(sendbuf: Any, recvbuf: Any) -> Any:
-        if tuner is not None:
-            tuner.left -= 1
-            if not tuner.left:
-                return monitored(t, tuner, run, sendbuf, recvbuf)
+        if tuner is not None and next(tuner.due):
+            return _timed(t, tuner, tuner.winner, run, sendbuf, recvbuf)
         built = build(sendbuf, recvbuf)
         if built is None:
             return slow(sendbuf, recvbuf)

@@ -29,12 +29,13 @@ state of the communicator's transport (`Group.profile`, `Group.choices`).
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from . import schedules as _alg
 from .call import Call
@@ -301,13 +302,17 @@ class Tuner:
     samples: list = field(default_factory=list)
     schedule: list = field(default_factory=list)
     stage: int = 0
-    left: int = 1            # calls until the next timed one (after the exploration)
     sample: int = SAMPLE_MAX  # one call in `sample` is timed once settled (`_settled`)
+    # the countdown to the next timed call, the only one (`pick` and every plan take
+    # `next(due)`): True at every `sample`-th call; next() of a C iterator costs a plan's
+    # hot loop less than a counter's decrement and test
+    due: Iterator[bool] = field(init=False, repr=False)
     explored_s: float = 0.0  # time spent in exploration calls (this rank, then MAX over ranks)
     explored_calls: int = 0
     calls: int = 0
 
     def __post_init__(self) -> None:
+        self._rate(0.0)
         if self.seed:
             self.winner, self.tuned = self.seed["winner"], dict(self.seed["tuned"])
             self._settled()
@@ -323,11 +328,7 @@ class Tuner:
             name, _ = self.schedule[self.explored_calls]
             return {"algorithm": name, "timed": True, "tuner": self, "why": "online tuning: exploring",
                     "collective": self.key[0]}
-        self.left -= 1
-        timed = self.left == 0
-        if timed:
-            self.left = self.sample
-        return {**self.choice(self.winner), "timed": timed}
+        return {**self.choice(self.winner), "timed": next(self.due)}
 
     def choice(self, name: str) -> dict:
         """What `last_choice()` reports for a call the tuner settled."""
@@ -387,7 +388,6 @@ class Tuner:
     def _settled(self) -> None:
         """A winner is set: the monitoring rate from its time."""
         self._rate(self.tuned.get(self.winner) or 0.0)
-        self.left = self.sample
 
     def _rate(self, seconds: float) -> None:
         """One call in `sample` timed, for calls of `seconds` each (the same on every rank:
@@ -397,6 +397,7 @@ class Tuner:
         median corrects the rate at every check."""
         want = self.SAMPLE_COST / (self.SHARE * seconds) if seconds > 0 else self.SAMPLE_MAX
         self.sample = round(min(self.SAMPLE_MAX, max(self.SAMPLE_MIN, want)))
+        self.due = itertools.cycle((False,) * (self.sample - 1) + (True,))
 
     def _say(self, text: str) -> None:
         if self.verbose:

@@ -158,7 +158,9 @@ def test_monitoring_costs_about_one_percent_of_the_bucket():
     assert rate == {1e-7: 256, 1e-6: 50, 1e-5: 5, 1e-3: 4}
     t = fake_transport(Profile(alpha=5e-6, beta=1 / 5e9, gamma=1 / 10e9), size=2)
     tuner = auto.Tuner(key, ["mpi", "ring"], seed={"winner": "mpi", "tuned": {"mpi": 1e-6, "ring": 1e-5}})
-    assert tuner.left == tuner.sample == 50
+    assert tuner.sample == 50
+    timed = [tuner.pick()["timed"] for _ in range(150)]   # the one countdown: every 50th call timed
+    assert [i for i, x in enumerate(timed) if x] == [49, 99, 149]
     for _ in range(tuner.CHECK):             # mpi now 20 us: past ring's 10 us, switch
         tuner.done(t, "mpi", 2e-5)
     assert tuner.winner == "ring" and tuner.sample == 5
