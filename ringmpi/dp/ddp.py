@@ -122,6 +122,18 @@ class DataParallel:
             flat = api.shared_empty(n, dt, comm=self.comm) if one_host else self.xp.empty(n, dt)
             self.buckets.append(_Bucket(names, flat))
         self.bucket_of = {k: b for b in self.buckets for k in b.names}
+        # gradients accumulate straight into their bucket (DDP's gradient_as_bucket_view):
+        # no copy into the bucket before its all-reduce, no fresh zeroed arrays each step
+        # (`zero_grad` zeroes the buckets); a parameter of another dtype than its bucket
+        # keeps an array of its own
+        self.views = {}
+        for b in self.buckets:
+            off = 0
+            for k in b.names:
+                v = self.params[k]
+                if v.dtype == b.flat.dtype:
+                    self.views[k] = b.flat[off:off + v.size].reshape(v.shape)
+                off += v.size
         self.bucket_cap_mb, self.first_bucket_mb = cap_mb, first_mb
 
     def tune_buckets(self, batch, caps_mb: tuple[float, ...] = CAPS_MB) -> BucketPlan:
@@ -208,7 +220,9 @@ class DataParallel:
         return buckets
 
     def zero_grad(self) -> None:
-        self.grads = {k: self.xp.zeros_like(v) for k, v in self.params.items()}
+        for b in self.buckets:
+            b.flat[...] = 0
+        self.grads = {k: self.views[k] if k in self.views else self.xp.zeros_like(v) for k, v in self.params.items()}
         self.seen = {k: False for k in self.params}
         self.loss_sum, self.count = 0.0, 0
 
@@ -268,7 +282,14 @@ class DataParallel:
             self._next += 1
 
     def _pack(self, b: _Bucket) -> None:
-        self.xp.concatenate([self.grads[k].reshape(-1) for k in b.names], out=b.flat)
+        """The bucket's flat buffer holds its gradients: those not in it already (`views`)
+        are copied in."""
+        off = 0
+        for k in b.names:
+            n = self.params[k].size
+            if k not in self.views:
+                b.flat[off:off + n] = self.grads[k].reshape(-1)
+            off += n
 
     def average_gradients(self) -> float:
         """One all-reduce per bucket (SUM; begun during backward when overlapped), then
@@ -297,10 +318,10 @@ class DataParallel:
             b.flat *= scale
             off = 0
             for k in b.names:
-                n = self.grads[k].size
-                self.grads[k] = b.flat[off:off + n].reshape(self.grads[k].shape).astype(self.params[k].dtype,
-                                                                                       copy=False)
-                off += n
+                v = self.params[k]
+                view = self.views.get(k)
+                self.grads[k] = view if view is not None else b.flat[off:off + v.size].reshape(v.shape).astype(v.dtype)
+                off += v.size
         for k, c in zip(names, present):
             if c == 0:     # no rank got a gradient for it
                 self.grads[k] = None

@@ -117,7 +117,8 @@ def _orthonormalise(p: np.ndarray) -> np.ndarray:
     """Orthonormal columns spanning p's (Gram-Schmidt as QR; the same bits on every rank,
     which all hold the same summed p)."""
     q, r = np.linalg.qr(p)
-    return q * np.where(np.diag(r) < 0, -1.0, 1.0)   # a sign convention: unique
+    q[:, np.diag(r) < 0] *= -1   # a sign convention: unique (in place: q stays in p's dtype, and so
+    return q                     # do the products with it; a float64 P made each a float64 copy of M)
 
 
 def powersgd_hook(state: PowerSGD, bucket: GradBucket) -> Any:

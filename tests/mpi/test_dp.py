@@ -140,6 +140,47 @@ def test_unused_parameters_are_handled_consistently():
         strict.backward(None)  # raised on every rank alike, so nobody hangs
 
 
+def test_gradients_live_in_their_buckets_and_other_dtypes_are_copied():
+    """DDP's gradient_as_bucket_view: a gradient accumulates in its bucket's buffer (nothing
+    packed); a parameter of another dtype than its bucket keeps an array of its own, copied
+    in and cast back. Both give the whole batch's gradient, step after step, and a rank
+    without a gradient for a parameter sends zeros for it, not the last step's values."""
+    x, y = classification(24, 8, 3, seed=7)
+    model = MLP([8, 6, 3], seed=1)
+    model.params["b1"] = model.params["b1"].astype(np.float32)
+    ddp = DataParallel(model, COMM, algorithm="ring")   # one bucket, float64
+    flats = [b.flat for b in ddp.buckets]
+    for step in range(3):
+        idx = np.random.default_rng(step).permutation(24)
+        mine = idx[partition_indices(24, P, R, seed=step)]
+        ddp.zero_grad()
+        ddp.backward((x[mine], y[mine]))
+        ref = MLP([8, 6, 3], seed=1)
+        ref.params = {k: v.astype(np.float64) for k, v in ddp.params.items()}
+        _, whole, n = ref.loss_and_grads((x, y))
+        for k, g in ddp.grads.items():
+            assert g.dtype == ddp.params[k].dtype, k
+            assert any(np.shares_memory(g, f) for f in flats) == (k != "b1"), k
+            assert np.allclose(g, whole[k] / n, rtol=1e-6 if k == "b1" else 1e-12, atol=1e-7), (k, step)
+    unused = DataParallel(Taking(), COMM, find_unused_parameters=True, algorithm="ring")
+    for _ in range(3):   # "extra" from one rank a step, another each time: never a stale value
+        unused.zero_grad()
+        unused.backward(None)
+        assert np.allclose(unused.grads["extra"], 2.0 / P)
+
+
+class Taking(Partial):
+    """Partial, but the rank that has a gradient for 'extra' changes at every call."""
+    calls = 0
+
+    def loss_and_grads(self, batch):
+        g = {"w": np.full(4, float(R + 1))}
+        if R == self.calls % P:
+            g["extra"] = np.full(3, 2.0)
+        self.calls += 1
+        return 1.0, g, 1
+
+
 def test_parameters_broadcast_from_rank_0():
     m = MLP([4, 5, 2], seed=100 + R)  # deliberately different on every rank
     ddp = DataParallel(m, COMM)
