@@ -134,26 +134,27 @@ def _read(env: dict, generation: int) -> Settings:
                     partials=_partials(env), generation=generation)
 
 
+def _one_of(env: dict, name: str, allowed: dict[str, str], unset: str = "") -> str:
+    """The variable's value (stripped, lower case; `unset` when unset or empty), one of
+    `allowed` (value -> what it means, for the error)."""
+    raw = env.get(name, "").strip().lower() or unset
+    if raw not in allowed:
+        raise RingmpiUsageError(f"{name}={env[name]!r}: expected " +
+                                " or ".join(f"{v} ({meaning})" if meaning else v for v, meaning in allowed.items() if v))
+    return raw
+
+
 def _partials(env: dict) -> int:
-    raw = env.get("RINGMPI_PARTIALS", "").strip() or "32"
-    if raw not in ("16", "32"):
-        raise RingmpiUsageError(f"RINGMPI_PARTIALS={raw!r}: expected 32 (float32 partial sums) or 16 (16-bit hops)")
-    return int(raw)
+    return int(_one_of(env, "RINGMPI_PARTIALS", {"32": "float32 partial sums", "16": "16-bit hops"}, "32"))
 
 
 def _progress(env: dict) -> str:
-    raw = env.get("RINGMPI_PROGRESS", "").strip().lower() or "thread"
-    if raw not in ("thread", "calls"):
-        raise RingmpiUsageError(f"RINGMPI_PROGRESS={env['RINGMPI_PROGRESS']!r}: expected thread or calls")
-    return raw
+    return _one_of(env, "RINGMPI_PROGRESS", {"thread": "", "calls": ""}, "thread")
 
 
 def _choice(env: dict, name: str) -> str:
     """"0", "1" or "" (unset)."""
-    raw = env.get(name, "").strip()
-    if raw not in ("", "0", "1"):
-        raise RingmpiUsageError(f"{name}={raw!r}: expected 0 or 1")
-    return raw
+    return _one_of(env, name, {"": "", "0": "", "1": ""})
 
 
 def _bytes(env: dict, name: str) -> int:

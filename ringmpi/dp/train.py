@@ -29,11 +29,12 @@ class Task:
 
 
 def make_task(model: str = "mlp", dtype=np.float64, seed: int = 0, sizes=(16, 32, 32, 4), samples: int = 512,
-              device: str = "cpu", label_noise: float = 0.0) -> Task:
+              device: str = "cpu", label_noise: float = 0.0, separation: float = 1.5) -> Task:
     """The data (on the host) and a model factory (parameters on `device`: "cpu" or "cuda");
-    `label_noise` for the MLP's data (`data.classification`)."""
+    `label_noise` and `separation` for the MLP's data (`data.classification`)."""
     if model == "mlp":
-        x, y = classification(samples, sizes[0], sizes[-1], seed=seed, dtype=dtype, label_noise=label_noise)
+        x, y = classification(samples, sizes[0], sizes[-1], seed=seed, dtype=dtype, label_noise=label_noise,
+                              separation=separation)
         return Task(lambda: MLP(list(sizes), seed=seed, dtype=dtype, device=device), (x, y), len(y),
                     lambda d, idx: (d[0][idx], d[1][idx]))
     if model == "rnn":
