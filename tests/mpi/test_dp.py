@@ -350,11 +350,16 @@ def test_hooks_reduce_what_they_promise(overlap):
 
 
 @pytest.mark.parametrize("overlap", [True, False])
-def test_powersgd_equals_its_definition(overlap):
+@pytest.mark.parametrize("block", [None, 64])
+def test_powersgd_equals_its_definition(overlap, block, monkeypatch):
     """The hook's result against numpy on every rank's gradients gathered: P = sum M_k Q0,
     orthonormalised; Q = sum M_k^T P; P Q^T / count; vectors summed exactly; each rank's
-    error feedback M_k - P P^T M_k; a second step adds it and starts from Q (warm)."""
+    error feedback M_k - P P^T M_k; a second step adds it and starts from Q (warm). Also
+    with blocks of one or two rows (`hooks.BLOCK` = 64 bytes) instead of whole matrices."""
+    from ringmpi.dp import hooks
     from ringmpi.dp.hooks import PowerSGD, _orthonormalise, powersgd_hook
+    if block is not None:
+        monkeypatch.setattr(hooks, "BLOCK", block)
     state = PowerSGD(rank=2, seed=7, start=0)
     ddp, batch = _hooked(powersgd_hook, state, overlap, dtype=np.float64)
     _, local, count = MLP([8, 24, 16, 3], seed=3, dtype=np.float64).loss_and_grads(batch)
