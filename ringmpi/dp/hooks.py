@@ -130,76 +130,94 @@ def _rows(m: np.ndarray) -> list[slice]:
     return [slice(lo, lo + step) for lo in range(0, m.shape[0], step)]
 
 
+def _views(flat: np.ndarray, shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
+    """Consecutive views of `flat` with these shapes."""
+    out, at = [], 0
+    for shape in shapes:
+        n = int(np.prod(shape))
+        out.append(flat[at:at + n].reshape(shape))
+        at += n
+    return out
+
+
 def powersgd_hook(state: PowerSGD, bucket: GradBucket) -> Any:
     """Rank-r factors of every matrix instead of the matrix (see the module docstring).
     Each matrix is worked on in its place in the bucket's buffer, which the result
     overwrites anyway, a block of rows at a time where a block is read twice: the error fed
-    back into a block, then that block's rows of P = M Q; later each block's error
-    M - P Q^T written, then the block rebuilt from the summed Q, while the block is in
-    cache (a third less memory traffic than whole-matrix passes). P and Q are computed into
-    the arrays that travel."""
+    back into a block, then that block's rows of P = M Q; later (`_Compressing.rebuild`)
+    each block's error M - P Q^T written, then the block rebuilt from the summed Q, while
+    the block is in cache (a third less memory traffic than whole-matrix passes). P and Q
+    are computed into the arrays that travel."""
     done = state.steps[bucket.index] = state.steps.get(bucket.index, 0) + 1
     if done <= state.start:
         return bucket.iallreduce(bucket.buffer)
-    views, off = [], 0
-    for name, shape in zip(bucket.names, bucket.shapes):
-        n = int(np.prod(shape))
-        views.append((name, bucket.buffer[off:off + n].reshape(shape)))
-        off += n
-    mats = [(k, v) for k, v in views if v.ndim == 2 and state.rank < min(v.shape)]
-    vecs = [(k, v) for k, v in views if not (v.ndim == 2 and state.rank < min(v.shape))]
-    dt, r = bucket.buffer.dtype, state.rank
-    first = np.empty(sum(m.shape[0] * r for _, m in mats) + sum(v.size for _, v in vecs), dt)
-    ps, at = {}, 0
-    for k, m in mats:   # m: M, with last step's error fed back
-        if k not in state.q:
-            rng = np.random.default_rng([state.seed, sum(map(ord, k))])
-            state.q[k] = rng.standard_normal((m.shape[1], r)).astype(dt)
-        ps[k] = first[at:at + m.shape[0] * r].reshape(m.shape[0], r)
-        at += ps[k].size
-        err = state.error.get(k)
+    views = dict(zip(bucket.names, _views(bucket.buffer, bucket.shapes)))
+    mats = {k: v for k, v in views.items() if v.ndim == 2 and state.rank < min(v.shape)}
+    job = _Compressing(state, bucket, mats, {k: v for k, v in views.items() if k not in mats})
+    first = np.empty(sum(int(np.prod(s)) for s in job.first_shapes()), bucket.buffer.dtype)
+    slots = _views(first, job.first_shapes())
+    for (k, m), p in zip(mats.items(), slots):   # m: M, with last step's error fed back
+        q, err = job.q0(k), state.error.get(k)
         for rows in _rows(m):
             if err is not None:
                 m[rows] += err[rows]
-            np.matmul(m[rows], state.q[k], out=ps[k][rows])
-    for _, v in vecs:
-        first[at:at + v.size] = v.ravel()
-        at += v.size
-    req = bucket.iallreduce(first)
+            np.matmul(m[rows], q, out=p[rows])
+    for v, slot in zip(job.vecs.values(), slots[len(mats):]):
+        slot[...] = v
+    return Then(bucket.iallreduce(first), job.rebuild)
 
-    def second(summed: np.ndarray) -> np.ndarray:
-        at = 0
-        for k, m in mats:
-            ps[k] = _orthonormalise(summed[at:at + m.shape[0] * r].reshape(m.shape[0], r))
-            at += m.shape[0] * r
-        for _, v in vecs:
-            v[...] = summed[at:at + v.size].reshape(v.shape)
-            at += v.size
-        flat = np.empty(sum(m.shape[1] * r for _, m in mats), dt)
-        qs, at = {}, 0
-        for k, m in mats:
-            qs[k] = flat[at:at + m.shape[1] * r].reshape(m.shape[1], r)
-            at += qs[k].size
-            np.matmul(m.T, ps[k], out=qs[k])
+
+@dataclass(eq=False)
+class _Compressing:
+    """One bucket between its two all-reduces: its matrices (compressed) and vectors (sent
+    as they are), views of the bucket's buffer."""
+    state: PowerSGD
+    bucket: GradBucket
+    mats: dict[str, np.ndarray]
+    vecs: dict[str, np.ndarray]
+
+    def first_shapes(self) -> list[tuple[int, ...]]:
+        """What the first all-reduce carries: every matrix's P, then the vectors."""
+        return [(m.shape[0], self.state.rank) for m in self.mats.values()] + [v.shape for v in self.vecs.values()]
+
+    def q0(self, name: str) -> np.ndarray:
+        """The matrix's Q: last step's summed Q (warm start), or the same seeded random
+        matrix on every rank."""
+        q, m = self.state.q.get(name), self.mats[name]
+        if q is None:
+            rng = np.random.default_rng([self.state.seed, sum(map(ord, name))])
+            q = self.state.q[name] = rng.standard_normal((m.shape[1], self.state.rank)).astype(m.dtype)
+        return q
+
+    def rebuild(self, summed: np.ndarray) -> np.ndarray:
+        """P summed -> orthonormalised; the vectors summed; Q = M^T P all-reduced; each
+        matrix's error kept and the matrix rebuilt as P Q^T, a block of rows at a time."""
+        got = _views(summed, self.first_shapes())
+        ps = [_orthonormalise(p) for p in got[:len(self.mats)]]
+        for v, s in zip(self.vecs.values(), got[len(self.mats):]):
+            v[...] = s
+        r = self.state.rank
+        flat = np.empty(sum(m.shape[1] for m in self.mats.values()) * r, self.bucket.buffer.dtype)
+        qs = _views(flat, [(m.shape[1], r) for m in self.mats.values()])
+        for m, p, q in zip(self.mats.values(), ps, qs):
+            np.matmul(m.T, p, out=q)
         # this rank's Q^T, for its error (the sum overwrites flat); the Q^Ts of the products
         # P Q^T contiguous: BLAS took twice as long on a transposed view's rows
-        mine = {k: np.ascontiguousarray(q.T) for k, q in qs.items()}
-        flat = bucket.iallreduce(flat).wait()
-        at = 0
-        for k, m in mats:
-            q = flat[at:at + m.shape[1] * r].reshape(m.shape[1], r)
-            at += q.size
+        mine = [np.ascontiguousarray(q.T) for q in qs]
+        summed_q = self.bucket.iallreduce(flat).wait()
+        if summed_q is not flat:
+            flat[...] = summed_q
+        for (k, m), p, q, own in zip(self.mats.items(), ps, qs, mine):
             qt = np.ascontiguousarray(q.T)
-            err = state.error.get(k)
+            err = self.state.error.get(k)
             if err is None or err.shape != m.shape:
-                err = state.error[k] = np.empty_like(m)
+                err = self.state.error[k] = np.empty_like(m)
             for rows in _rows(m):   # what this rank's projection misses, M - P (M^T P)^T: fed back next step
-                np.matmul(ps[k][rows], mine[k], out=err[rows])
+                np.matmul(p[rows], own, out=err[rows])
                 np.subtract(m[rows], err[rows], out=err[rows])
-                np.matmul(ps[k][rows], qt, out=m[rows])
-            state.q[k] = q.copy()   # warm start
-        return bucket.buffer
-    return Then(req, second)
+                np.matmul(p[rows], qt, out=m[rows])
+            self.state.q[k] = q.copy()   # warm start
+        return self.bucket.buffer
 
 
 # the hooks `ringmpi train --hook` offers, with their state's maker
