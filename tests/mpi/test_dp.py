@@ -275,7 +275,7 @@ def test_buckets_begin_during_backward_in_order():
     ddp.backward((x[mine], y[mine]))
     # the last layer's bucket began before the first layer's gradient was ready, and the
     # count only grows (bucket order); all were waited for and cleared
-    assert model.begun[1] >= 1 and model.begun[-1] <= len(ddp.buckets)
+    assert model.begun[1] >= 1 and model.begun[-1] <= len(ddp.buckets) - 1   # (the last: a blocking call after)
     assert model.begun == sorted(model.begun)
     assert all(b.request is None for b in ddp.buckets)
     ref = DataParallel(MLP([8, 32, 32, 3], seed=1), COMM, algorithm="ring", overlap=False, bucket_cap_mb=0.001,
