@@ -78,18 +78,17 @@ class DataParallel:
     backward goes on with the earlier layers; everything is waited for before the step. The
     last bucket, final only when backward ends, is a blocking call then (`_start_ready`):
     with one bucket, overlapped training is blocking training.
-    None overlaps where it can hide anything (`ringmpi.api.overlaps`: several hosts, or a
-    core to spare for the progress thread) and MPI lets a thread progress it; every rank
-    takes the same choice. Off by default: a request over TCP still costs more than the
-    blocking call for this trainer's buckets on two namespace hosts, more than overlap hid
-    there (benchmarks/README.md, "Training that hides its communication"). Overlapped and blocking training give the same bits:
+    None (the default) overlaps where it can hide anything (`ringmpi.api.overlaps`: several
+    hosts, or a core to spare for the progress thread) and MPI lets a thread progress it;
+    every rank takes the same choice. Where every core computes, the transfer is the CPU's
+    memory copies, which a progress thread would take from the computation: blocking there. Overlapped and blocking training give the same bits:
     the same buckets, packed the same way, reduced by the same schedule (with a fixed
     algorithm: `auto` may choose differently for requests).
     """
 
     def __init__(self, model: Any, comm: Any = None, *, algorithm: str = "auto",
                  bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0, weighting: str = "global",
-                 find_unused_parameters: bool = False, overlap: bool | None = False,
+                 find_unused_parameters: bool = False, overlap: bool | None = None,
                  comm_hook: Callable[[Any, GradBucket], Any] | None = None, hook_state: Any = None) -> None:
         if weighting not in ("global", "mean"):
             raise ValueError(f"DataParallel: weighting must be 'global' or 'mean', got {weighting!r}")

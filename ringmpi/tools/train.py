@@ -391,8 +391,9 @@ def add_parser(sub, name: str = "train", text: str = "") -> None:
     a.add_argument("--bucket-cap", type=_bucket_cap, default="25", metavar="MB|auto",
                    help="gradient bucket size in MB (DDP's 25), or auto: chosen from the backward's measured "
                         "timeline and the all-reduce's measured cost (reported)")
-    a.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=False,
-                   help="all-reduce each gradient bucket as a request during backward, as it is ready")
+    a.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
+                   help="all-reduce each gradient bucket as a request during backward, as it is ready (default: "
+                        "where that can hide anything: ranks on several hosts, or a core to spare per rank)")
     a.add_argument("--staleness", action="store_true", help="the asynchronous SGD staleness table (no MPI)")
     a.add_argument("--quiet", action="store_true", help="no per-step lines")
     a.add_argument("--checkpoint", metavar="DIR", default="",
