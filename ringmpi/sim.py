@@ -503,6 +503,8 @@ class VirtualCluster:
         The simulated times do not depend on the order the ranks run in: every exchange's
         end time is a function of what it and its peers posted, and a channel pairs its
         k-th send with its k-th receive whoever comes first."""
+        # (about 60 lines, one function: the ranks' bodies, their start in rank order and
+        # the sweeps share this run's results, errors and windows)
         results: list = [None] * self.size
         errors: list = []
         self._main = greenlet.getcurrent()
@@ -557,11 +559,15 @@ class VirtualCluster:
                 rk.let = None     # (a finished greenlet; a failed run's suspended ones unwind here)
             if collecting:
                 gc.enable()
+        self._check_stuck()
+        return results
+
+    def _check_stuck(self) -> None:
+        """Raise SimDeadlock naming every rank still waiting when no rank can go on."""
         stuck = [rk for rk in self.ranks if rk.op.pending]
         if stuck:
             raise SimDeadlock("no progress possible; blocked: " + ", ".join(
                 f"rank {rk.rank} (op posted at t={rk.op.posted:.3g})" for rk in stuck))
-        return results
 
     @property
     def time(self) -> float:
