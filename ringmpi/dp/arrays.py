@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["module_of", "device_module", "to_host", "DEVICES"]
+__all__ = ["module_of", "device_module", "to_host", "views_of", "DEVICES"]
 
 DEVICES = ("cpu", "cuda")
 
@@ -38,3 +38,14 @@ def module_of(a: Any) -> Any:
 def to_host(a: Any) -> np.ndarray:
     """`a` as a numpy array (a copy from the device for cupy arrays)."""
     return a if isinstance(a, np.ndarray) else a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def views_of(flat: Any, shapes: list[tuple[int, ...]]) -> list[Any]:
+    """Consecutive views of the 1-D array `flat` with these shapes (a bucket's parameters,
+    or what one all-reduce carries)."""
+    out, at = [], 0
+    for shape in shapes:
+        n = int(np.prod(shape))
+        out.append(flat[at:at + n].reshape(shape))
+        at += n
+    return out

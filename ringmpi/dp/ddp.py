@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import collectives as api
 from ..api import group, overlaps
-from .arrays import module_of, to_host
+from .arrays import module_of, to_host, views_of
 from .checkpoint import Snapshot, newest, write
 from .hooks import GradBucket
 
@@ -36,10 +36,12 @@ def partition_indices(size: int, world_size: int, rank: int, seed: int) -> list[
 
 @dataclass(eq=False)
 class _Bucket:
-    """Parameters all-reduced together (`names`, packed into `flat`), the gradients of this
-    backward not yet final (`waiting`), and its all-reduce in flight (`request`)."""
+    """Parameters all-reduced together (`names`, packed into `flat`, each in its place:
+    `slots`), the gradients of this backward not yet final (`waiting`), and its all-reduce
+    in flight (`request`)."""
     names: list[str]
     flat: Any
+    slots: dict[str, Any] = field(default_factory=dict)
     waiting: set[str] = field(default_factory=set)
     request: Any = None
 
@@ -81,9 +83,10 @@ class DataParallel:
     None (the default) overlaps where it can hide anything (`ringmpi.api.overlaps`: several
     hosts, or a core to spare for the progress thread) and MPI lets a thread progress it;
     every rank takes the same choice. Where every core computes, the transfer is the CPU's
-    memory copies, which a progress thread would take from the computation: blocking there. Overlapped and blocking training give the same bits:
-    the same buckets, packed the same way, reduced by the same schedule (with a fixed
-    algorithm: `auto` may choose differently for requests).
+    memory copies, which a progress thread would take from the computation: blocking there.
+    Overlapped and blocking training give the same bits: the same buckets, packed the same
+    way, reduced by the same schedule (with a fixed algorithm: `auto` may choose
+    differently for requests).
     """
 
     def __init__(self, model: Any, comm: Any = None, *, algorithm: str = "auto",
@@ -121,20 +124,14 @@ class DataParallel:
         for names in self._make_buckets(cap_mb * 1e6, first_mb * 1e6):
             n, dt = sum(self.params[k].size for k in names), np.result_type(*(self.params[k].dtype for k in names))
             flat = api.shared_empty(n, dt, comm=self.comm) if one_host else self.xp.empty(n, dt)
-            self.buckets.append(_Bucket(names, flat))
+            shapes = [self.params[k].shape for k in names]
+            self.buckets.append(_Bucket(names, flat, dict(zip(names, views_of(flat, shapes)))))
         self.bucket_of = {k: b for b in self.buckets for k in b.names}
         # gradients accumulate straight into their bucket (DDP's gradient_as_bucket_view):
         # no copy into the bucket before its all-reduce, no fresh zeroed arrays each step
         # (`zero_grad` zeroes the buckets); a parameter of another dtype than its bucket
         # keeps an array of its own
-        self.views = {}
-        for b in self.buckets:
-            off = 0
-            for k in b.names:
-                v = self.params[k]
-                if v.dtype == b.flat.dtype:
-                    self.views[k] = b.flat[off:off + v.size].reshape(v.shape)
-                off += v.size
+        self.views = {k: b.slots[k] for b in self.buckets for k in b.names if self.params[k].dtype == b.flat.dtype}
         self.bucket_cap_mb, self.first_bucket_mb = cap_mb, first_mb
 
     def tune_buckets(self, batch, caps_mb: tuple[float, ...] = CAPS_MB) -> BucketPlan:
@@ -290,12 +287,9 @@ class DataParallel:
     def _pack(self, b: _Bucket) -> None:
         """The bucket's flat buffer holds its gradients: those not in it already (`views`)
         are copied in."""
-        off = 0
         for k in b.names:
-            n = self.params[k].size
             if k not in self.views:
-                b.flat[off:off + n] = self.grads[k].reshape(-1)
-            off += n
+                b.slots[k][...] = self.grads[k]
 
     def average_gradients(self) -> float:
         """One all-reduce per bucket (SUM; begun during backward when overlapped), then
@@ -323,12 +317,8 @@ class DataParallel:
         scale = 1.0 / scalars[1] if self.weighting == "global" else 1.0 / p
         for b in self.buckets:
             b.flat *= scale
-            off = 0
             for k in b.names:
-                v = self.params[k]
-                view = self.views.get(k)
-                self.grads[k] = view if view is not None else b.flat[off:off + v.size].reshape(v.shape).astype(v.dtype)
-                off += v.size
+                self.grads[k] = self.views[k] if k in self.views else b.slots[k].astype(self.params[k].dtype)
         for k, c in zip(names, present):
             if c == 0:     # no rank got a gradient for it
                 self.grads[k] = None

@@ -33,6 +33,7 @@ import numpy as np
 from .. import collectives as api
 from ..api import group
 from ..ops import convert
+from .arrays import views_of
 
 __all__ = ["GradBucket", "Then", "allreduce_hook", "fp16_hook", "bf16_hook", "PowerSGD", "powersgd_hook", "HOOKS", "named"]
 
@@ -130,14 +131,10 @@ def _rows(m: np.ndarray) -> list[slice]:
     return [slice(lo, lo + step) for lo in range(0, m.shape[0], step)]
 
 
-def _views(flat: np.ndarray, shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
-    """Consecutive views of `flat` with these shapes."""
-    out, at = [], 0
-    for shape in shapes:
-        n = int(np.prod(shape))
-        out.append(flat[at:at + n].reshape(shape))
-        at += n
-    return out
+def _laid_out(shapes: list[tuple[int, ...]], dtype: Any) -> tuple[np.ndarray, list[np.ndarray]]:
+    """A new flat array for one all-reduce, and its views with these shapes."""
+    flat = np.empty(sum(int(np.prod(s)) for s in shapes), dtype)
+    return flat, views_of(flat, shapes)
 
 
 def powersgd_hook(state: PowerSGD, bucket: GradBucket) -> Any:
@@ -151,11 +148,10 @@ def powersgd_hook(state: PowerSGD, bucket: GradBucket) -> Any:
     done = state.steps[bucket.index] = state.steps.get(bucket.index, 0) + 1
     if done <= state.start:
         return bucket.iallreduce(bucket.buffer)
-    views = dict(zip(bucket.names, _views(bucket.buffer, bucket.shapes)))
+    views = dict(zip(bucket.names, views_of(bucket.buffer, bucket.shapes)))
     mats = {k: v for k, v in views.items() if v.ndim == 2 and state.rank < min(v.shape)}
     job = _Compressing(state, bucket, mats, {k: v for k, v in views.items() if k not in mats})
-    first = np.empty(sum(int(np.prod(s)) for s in job.first_shapes()), bucket.buffer.dtype)
-    slots = _views(first, job.first_shapes())
+    first, slots = _laid_out(job.first_shapes(), bucket.buffer.dtype)
     for (k, m), p in zip(mats.items(), slots):   # m: M, with last step's error fed back
         q, err = job.q0(k), state.error.get(k)
         for rows in _rows(m):
@@ -192,13 +188,11 @@ class _Compressing:
     def rebuild(self, summed: np.ndarray) -> np.ndarray:
         """P summed -> orthonormalised; the vectors summed; Q = M^T P all-reduced; each
         matrix's error kept and the matrix rebuilt as P Q^T, a block of rows at a time."""
-        got = _views(summed, self.first_shapes())
+        got = views_of(summed, self.first_shapes())
         ps = [_orthonormalise(p) for p in got[:len(self.mats)]]
         for v, s in zip(self.vecs.values(), got[len(self.mats):]):
             v[...] = s
-        r = self.state.rank
-        flat = np.empty(sum(m.shape[1] for m in self.mats.values()) * r, self.bucket.buffer.dtype)
-        qs = _views(flat, [(m.shape[1], r) for m in self.mats.values()])
+        flat, qs = _laid_out([(m.shape[1], self.state.rank) for m in self.mats.values()], self.bucket.buffer.dtype)
         for m, p, q in zip(self.mats.values(), ps, qs):
             np.matmul(m.T, p, out=q)
         # this rank's Q^T, for its error (the sum overwrites flat); the Q^Ts of the products
