@@ -1,8 +1,11 @@
 """The three parts of data parallelism: partition, average gradients, train step."""
 from __future__ import annotations
 
+import bisect
 import contextlib
 import inspect
+import itertools
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -20,6 +23,11 @@ from .hooks import GradBucket
 __all__ = ["partition_indices", "DataParallel", "BucketPlan", "CAPS_MB", "state_arrays", "restore", "save_checkpoint", "load_checkpoint"]
 
 
+def _rows(a: Any) -> int:
+    """How many rows `a` has (its first axis; a 0-d array has one)."""
+    return a.shape[0] if a.ndim else 1
+
+
 def partition_indices(size: int, world_size: int, rank: int, seed: int) -> list[int]:
     """This rank's share of range(size): shuffled by a local random.Random(seed) (never the
     global state), split by quotient and remainder (the first size % world_size ranks get
@@ -34,15 +42,27 @@ def partition_indices(size: int, world_size: int, rank: int, seed: int) -> list[
     return order[start:start + q + (rank < r)]
 
 
+@dataclass(frozen=True)
+class _Piece:
+    """Rows [start, stop) of parameter `name` (a 0-d parameter has one row)."""
+    name: str
+    start: int
+    stop: int
+
+
 @dataclass(eq=False)
 class _Bucket:
-    """Parameters all-reduced together (`names`, packed into `flat`, each in its place:
-    `slots`), the gradients of this backward not yet final (`waiting`), and its all-reduce
-    in flight (`request`)."""
-    names: list[str]
+    """Gradients all-reduced together: elements [lo, hi) of the gradient buffer (`flat`, a
+    view of `DataParallel.flat`), which hold these parameters' rows (`pieces`); how many of
+    its elements are not final yet in this backward (`waiting`), and its all-reduce in
+    flight (`request`)."""
+    lo: int
+    hi: int
     flat: Any
-    slots: dict[str, Any] = field(default_factory=dict)
-    waiting: set[str] = field(default_factory=set)
+    pieces: list[_Piece]
+    names: list[str]                 # what a hook is told it holds: "W0", or "W0[0:256]" for a piece
+    shapes: list[tuple[int, ...]]
+    waiting: int = 0
     request: Any = None
 
 
@@ -71,7 +91,9 @@ class DataParallel:
 
     model: has `params` (dict name -> array) and `loss_and_grads(batch) -> (loss_sum,
     grads, count)`, where grads may lack a parameter that got no gradient; with an
-    `on_grad` parameter (`models.MLP`) it reports each gradient as it is final.
+    `on_grad` parameter (`models.MLP`) it reports each gradient as it is final
+    (`on_grad(name, grad)`), and with a `cuts` parameter in the pieces of rows that the
+    buckets cut it into (`on_grad(name, rows, first_row)`).
     weighting="global": SUM the gradient sums and divide by the global count (right for
     uneven shards); "mean": average the per-rank means (the pitfall, kept to show it).
 
@@ -111,7 +133,8 @@ class DataParallel:
         # (a choice every rank must share: the order of the collectives depends on it)
         self.overlap = bool(self.t.size > 1 and weighting == "global"
                             and api.allreduce(np.array([float(want)]), op="min", comm=comm, algorithm="auto")[0])
-        self.streams = "on_grad" in inspect.signature(model.loss_and_grads).parameters
+        takes = inspect.signature(model.loss_and_grads).parameters
+        self.streams, self.takes_cuts = "on_grad" in takes, "cuts" in takes
         self.register_comm_hook(hook_state, comm_hook)
         self.allreduce_calls = 0
         self._sync = True
@@ -119,68 +142,106 @@ class DataParallel:
         self.zero_grad()
 
     def _bucketize(self, cap_mb: float, first_mb: float) -> None:
+        """One gradient buffer for every parameter (`flat`, of their common dtype), laid out
+        in reverse order, the order their gradients are final in; each bucket is a run of it
+        (`_make_buckets`). Where a bucket boundary falls inside a parameter, the model is asked
+        to report its gradient in those pieces (`cuts`: the rows where each is cut)."""
         one_host = self.t.size > 1 and len(set(self.t.nodes)) == 1 and self.xp is np
-        self.buckets = []
-        for names in self._make_buckets(cap_mb * 1e6, first_mb * 1e6):
-            n, dt = sum(self.params[k].size for k in names), np.result_type(*(self.params[k].dtype for k in names))
-            flat = api.shared_empty(n, dt, comm=self.comm) if one_host else self.xp.empty(n, dt)
-            shapes = [self.params[k].shape for k in names]
-            self.buckets.append(_Bucket(names, flat, dict(zip(names, views_of(flat, shapes)))))
-        self.bucket_of = {k: b for b in self.buckets for k in b.names}
+        order = list(reversed(list(self.params)))
+        n = sum(self.params[k].size for k in order)
+        dt = np.result_type(*(v.dtype for v in self.params.values())) if self.params else np.dtype(np.float64)
+        self.flat = api.shared_empty(n, dt, comm=self.comm) if one_host and n else self.xp.empty(n, dt)
+        self.slot = dict(zip(order, views_of(self.flat, [self.params[k].shape for k in order])))
+        self.offset = dict(zip(order, itertools.accumulate((self.params[k].size for k in order[:-1]), initial=0)))
+        self.buckets, self.cuts = [], {}
+        for pieces in self._make_buckets(cap_mb * 1e6, first_mb * 1e6):
+            lo, hi = self._elements(pieces[0].name, pieces[0].start, pieces[0].start)[0], \
+                self._elements(pieces[-1].name, pieces[-1].stop, pieces[-1].stop)[0]
+            shapes = [(p.stop - p.start,) + self.params[p.name].shape[1:] if self.params[p.name].ndim else ()
+                      for p in pieces]
+            names = [p.name if p.stop - p.start == _rows(self.params[p.name]) else f"{p.name}[{p.start}:{p.stop}]"
+                     for p in pieces]
+            self.buckets.append(_Bucket(lo, hi, self.flat[lo:hi], pieces, names, shapes))
+            if pieces[0].start:
+                self.cuts.setdefault(pieces[0].name, []).append(pieces[0].start)
+        self.starts = [b.lo for b in self.buckets]
         # gradients accumulate straight into their bucket (DDP's gradient_as_bucket_view):
         # no copy into the bucket before its all-reduce, no fresh zeroed arrays each step
-        # (`zero_grad` zeroes the buckets); a parameter of another dtype than its bucket
-        # keeps an array of its own
-        self.views = {k: b.slots[k] for b in self.buckets for k in b.names if self.params[k].dtype == b.flat.dtype}
+        # (`zero_grad` zeroes the buffer); a parameter of another dtype than the buffer
+        # keeps an array of its own, copied in (`_pack`)
+        self.views = {k: v for k, v in self.slot.items() if self.params[k].dtype == dt}
         self.bucket_cap_mb, self.first_bucket_mb = cap_mb, first_mb
+
+    def _elements(self, name: str, start: int, stop: int) -> tuple[int, int]:
+        """Where rows [start, stop) of parameter `name` lie in `flat`."""
+        per_row = int(np.prod(self.params[name].shape[1:], dtype=np.int64))
+        at = self.offset[name]
+        return at + start * per_row, at + stop * per_row
 
     def tune_buckets(self, batch, caps_mb: tuple[float, ...] = CAPS_MB) -> BucketPlan:
         """Choose the byte cap from this model and this link: larger buckets pay the
         all-reduce's fixed cost fewer times, smaller ones start earlier. Measured: when each
-        gradient is final in one backward on `batch` (the slowest rank's times), and the
-        all-reduce's time at two sizes (a + b n); predicted, for every cap: the overlapped
-        timeline (a bucket starts when its last gradient is final and the one before it is
-        done); the buckets are rebuilt with the fastest cap (the larger on a tie)."""
-        ready: dict[str, float] = {}
+        gradient (or piece of one) is final in one backward on `batch`, and the all-reduce's
+        time at two sizes (a + b n); predicted, for every cap: the overlapped timeline (a
+        bucket starts when its last rows are final, rows of a gradient computed in one piece
+        taken as final evenly over its computation, and the one before it is done), the
+        slowest rank's; the buckets are rebuilt with the fastest cap (the larger on a tie)."""
+        reports: list[tuple[str, int, int, float]] = []    # parameter, first row, rows, when final
         begun = time.perf_counter()
 
-        def on_grad(name: str, g) -> None:
-            ready[name] = time.perf_counter() - begun
-        if self.streams:
-            self.model.loss_and_grads(batch, on_grad=on_grad)
-        else:
-            self.model.loss_and_grads(batch)
+        def on_grad(name: str, g, row: int = 0) -> None:
+            reports.append((name, row, _rows(self.params[name] if g is None else g), time.perf_counter() - begun))
+        kw = {"cuts": self.cuts} if self.takes_cuts else {}
+        self.model.loss_and_grads(batch, on_grad=on_grad, **kw) if self.streams else self.model.loss_and_grads(batch, **kw)
         end = time.perf_counter() - begun
-        names = list(self.params)
-        mine = np.array([ready.get(k, end) for k in names] + [end])
-        when = api.allreduce(mine, op="max", comm=self.comm, algorithm="auto")
-        ready, end = dict(zip(names, when[:-1])), float(when[-1])
+        spans: dict[str, list[tuple[int, int, float, float]]] = {}
+        before = reports[0][3] if reports else end
+        for name, row, n, when in reports:
+            spans.setdefault(name, []).append((row, n, before, when))
+            before = when
+
+        def ready(p: _Piece) -> float:
+            for row, n, t0, t1 in spans.get(p.name, ()):
+                if row < p.stop <= row + n:
+                    return t0 + (t1 - t0) * (p.stop - row) / n
+            return end
         a, b = self._link()
-        plan = BucketPlan(backward=end, alpha=a, beta=b)
+        item = self.flat.dtype.itemsize
+        mine = [end]
         for cap in caps_mb:
             t_end = 0.0
-            for bucket in self._make_buckets(cap * 1e6, self.first_bucket_mb * 1e6):
-                nbytes = sum(self.params[k].nbytes for k in bucket)
-                t_end = max(t_end, max(ready[k] for k in bucket)) + a + b * nbytes
-            plan.predicted[cap] = max(end, t_end)
+            for pieces in self._make_buckets(cap * 1e6, self.first_bucket_mb * 1e6):
+                lo, hi = self._elements(pieces[0].name, pieces[0].start, pieces[0].start)[0], \
+                    self._elements(pieces[-1].name, pieces[-1].stop, pieces[-1].stop)[0]
+                t_end = max(t_end, max(ready(p) for p in pieces)) + a + b * (hi - lo) * item
+            mine.append(max(end, t_end))
+        slowest = api.allreduce(np.array(mine), op="max", comm=self.comm, algorithm="auto")
+        plan = BucketPlan(backward=float(slowest[0]), alpha=a, beta=b,
+                          predicted={c: float(v) for c, v in zip(caps_mb, slowest[1:])})
         best = min(plan.predicted.values())
         plan.cap_mb = max(c for c, v in plan.predicted.items() if v <= best * (1 + 1e-9))
         self._bucketize(plan.cap_mb, self.first_bucket_mb)
         self.zero_grad()
         return plan
 
-    def _link(self, small: int = 1 << 14, large: int = 1 << 22, reps: int = 5) -> tuple[float, float]:
+    def _link(self, small: int = 1 << 18, large: int = 1 << 22, reps: int = 5) -> tuple[float, float]:
         """(a, b): this communicator's all-reduce of n bytes takes a + b n seconds, from
-        the medians of `reps` calls at two sizes (the same on every rank: rank 0's)."""
-        dt = np.result_type(*(v.dtype for v in self.params.values())) if self.params else np.float32
+        the medians of `reps` calls at two sizes, made as the buckets' are (requests where
+        they overlap); the same on every rank (rank 0's). The smaller size is a bucket's,
+        not a latency probe's: a shaped link lets a burst of tens of KB through at once,
+        which gave a = 0 and a tuner that chose the smallest buckets (benchmarks/README.md)."""
+        dt = self.flat.dtype
         times = []
         for n in (small, large):
-            x = self.xp.zeros(max(1, n // np.dtype(dt).itemsize), dt)
+            x = self.xp.zeros(max(1, n // dt.itemsize), dt)
             runs = []
             for _ in range(reps + 1):
                 self.t.barrier()
                 t0 = time.perf_counter()
-                api.allreduce(x, x, comm=self.comm, algorithm=self.algorithm)
+                if self.overlap:
+                    api.iallreduce(x, x, comm=self.comm, algorithm=self.algorithm).wait()
+                else:
+                    api.allreduce(x, x, comm=self.comm, algorithm=self.algorithm)
                 runs.append(time.perf_counter() - t0)
             times.append(float(np.median(runs[1:])))
         b = max(0.0, (times[1] - times[0]) / (large - small))
@@ -198,28 +259,40 @@ class DataParallel:
             if blocking:
                 return api.allreduce(b.flat, b.flat, comm=self.comm, algorithm=self.algorithm)
             return api.iallreduce(b.flat, b.flat, comm=self.comm, algorithm=self.algorithm)
-        future = self.hook(self.hook_state, GradBucket(index, b.flat, b.names, [self.params[k].shape for k in b.names],
-                                                       self.comm, self.algorithm))
+        future = self.hook(self.hook_state, GradBucket(index, b.flat, b.names, b.shapes, self.comm, self.algorithm))
         return future.wait() if blocking else future
 
-    def _make_buckets(self, cap: float, first: float) -> list[list[str]]:
-        """Reverse parameter order (gradients of the last layers are ready first), byte cap."""
-        buckets, cur, size = [], [], 0
+    def _make_buckets(self, cap: float, first: float) -> list[list[_Piece]]:
+        """Reverse parameter order (gradients of the last layers are final first), a byte cap
+        (the first bucket's `first`: the wire starts as early as it can); a parameter larger
+        than the cap is cut into runs of rows of near-equal size under it, so that a layer's
+        gradient travels in pieces as backward computes them (DDP keeps a parameter whole, and
+        a large last layer's all-reduce then waits for the whole of it). Its last piece ends
+        its bucket: the next parameter's gradient is final only after the layer's input
+        gradient is computed, and the piece would wait for it."""
+        buckets, cur, size = [], [], 0.0
         limit = min(first, cap)
         for name in reversed(list(self.params)):
-            nb = self.params[name].nbytes
-            if cur and size + nb > limit:
+            p = self.params[name]
+            rows = _rows(p)
+            parts = max(1, min(rows, math.ceil(p.nbytes / cap))) if cap > 0 else max(1, rows)
+            for i in range(parts):
+                start, stop = rows * i // parts, rows * (i + 1) // parts
+                nb = p.nbytes * (stop - start) / rows if rows else 0.0
+                if cur and size + nb > limit:
+                    buckets.append(cur)
+                    cur, size, limit = [], 0.0, cap
+                cur.append(_Piece(name, start, stop))
+                size += nb
+            if parts > 1:
                 buckets.append(cur)
-                cur, size, limit = [], 0, cap
-            cur.append(name)
-            size += nb
+                cur, size, limit = [], 0.0, cap
         if cur:
             buckets.append(cur)
         return buckets
 
     def zero_grad(self) -> None:
-        for b in self.buckets:
-            b.flat[...] = 0
+        self.flat[...] = 0
         self.grads = {k: self.views[k] if k in self.views else self.xp.zeros_like(v) for k, v in self.params.items()}
         self.seen = {k: False for k in self.params}
         self.loss_sum, self.count = 0.0, 0
@@ -237,39 +310,57 @@ class DataParallel:
         """Forward + backward on this rank's batch; synchronises unless inside no_sync()
         (overlapped: the buckets start during backward, `average_gradients` waits)."""
         streaming = self._sync and self.overlap
-        final: set[str] = set()
+        reported: set[str] = set()
+        kw = {"cuts": self.cuts} if self.takes_cuts else {}
         if streaming:
             for b in self.buckets:
-                b.waiting = set(b.names)
+                b.waiting = b.hi - b.lo
             self._next = 0
 
-            def on_grad(name: str, g) -> None:
-                self._accumulate(name, g)
-                final.add(name)
-                self.bucket_of[name].waiting.discard(name)
+            def on_grad(name: str, g, row: int = 0) -> None:
+                n = self._accumulate(name, g, row)
+                reported.add(name)
+                self._final(name, row, row + n)
                 self._start_ready()
-            loss, grads, count = self.model.loss_and_grads(batch, on_grad=on_grad) if self.streams \
-                else self.model.loss_and_grads(batch)
+            loss, grads, count = self.model.loss_and_grads(batch, on_grad=on_grad, **kw) if self.streams \
+                else self.model.loss_and_grads(batch, **kw)
         else:
-            loss, grads, count = self.model.loss_and_grads(batch)
+            loss, grads, count = self.model.loss_and_grads(batch, **kw)
         if self.weighting == "mean" and count:
             grads = {k: g / count for k, g in grads.items()}
         for k, g in grads.items():
-            if k not in final:
+            if k not in reported:
                 self._accumulate(k, g)
         self.loss_sum += loss
         self.count += count
         if streaming:   # the rest (and gradients this rank never got: zeros), in order
             for b in self.buckets:
-                b.waiting.clear()
+                b.waiting = 0
             self._start_ready()
         if self._sync:
             self.average_gradients()
 
-    def _accumulate(self, name: str, g) -> None:
-        if g is not None:
-            self.grads[name] += g
-            self.seen[name] = True
+    def _accumulate(self, name: str, g, row: int = 0) -> int:
+        """Add `g`: rows [row, row + len(g)) of parameter `name`'s gradient (the whole of it
+        by default; None: it has none); how many rows that reports final."""
+        if g is None:
+            return _rows(self.params[name])
+        grad = self.grads[name]
+        if row or g.shape != grad.shape:
+            grad = grad[row:row + g.shape[0]]
+        grad += g
+        self.seen[name] = True
+        return _rows(g)
+
+    def _final(self, name: str, start: int, stop: int) -> None:
+        """Rows [start, stop) of `name`'s gradient are final: the buckets holding them wait
+        for that many fewer elements."""
+        lo, hi = self._elements(name, start, stop)
+        i = max(0, bisect.bisect_right(self.starts, lo) - 1)
+        while i < len(self.buckets) and self.buckets[i].lo < hi:
+            b = self.buckets[i]
+            b.waiting -= max(0, min(hi, b.hi) - max(lo, b.lo))
+            i += 1
 
     def _start_ready(self) -> None:
         """Start the buckets whose gradients are all final, in bucket order, but the last:
@@ -278,18 +369,21 @@ class DataParallel:
         which costs less than a request (shared memory's zero-copy algorithms on one host;
         over TCP a request cost 1.2-1.4x the blocking call). The same bucket on every rank:
         the ranks' calls stay in one order."""
-        while self._next < len(self.buckets) - 1 and not self.buckets[self._next].waiting:
+        while self._next < len(self.buckets) - 1 and self.buckets[self._next].waiting <= 0:
             b = self.buckets[self._next]
             self._pack(b)
             b.request = self._communicate(self._next, b, blocking=False)
             self._next += 1
 
     def _pack(self, b: _Bucket) -> None:
-        """The bucket's flat buffer holds its gradients: those not in it already (`views`)
-        are copied in."""
-        for k in b.names:
-            if k not in self.views:
-                b.slots[k][...] = self.grads[k]
+        """The bucket's part of the buffer holds its gradients: those not in it already
+        (`views`) are copied in."""
+        for p in b.pieces:
+            if p.name not in self.views:
+                dst, src = self.slot[p.name], self.grads[p.name]
+                if dst.ndim:
+                    dst, src = dst[p.start:p.stop], src[p.start:p.stop]
+                dst[...] = src
 
     def average_gradients(self) -> float:
         """One all-reduce per bucket (SUM; begun during backward when overlapped), then
@@ -314,14 +408,12 @@ class DataParallel:
             missing = [k for k, c in zip(names, present) if c < p]
             raise RuntimeError(f"DataParallel (rank {self.t.rank}): parameters {missing} got no gradient "
                                "on some ranks; pass find_unused_parameters=True if that is expected")
-        scale = 1.0 / scalars[1] if self.weighting == "global" else 1.0 / p
-        for b in self.buckets:
-            b.flat *= scale
-            for k in b.names:
-                self.grads[k] = self.views[k] if k in self.views else b.slots[k].astype(self.params[k].dtype)
+        self.flat *= 1.0 / scalars[1] if self.weighting == "global" else 1.0 / p
         for k, c in zip(names, present):
             if c == 0:     # no rank got a gradient for it
                 self.grads[k] = None
+            else:
+                self.grads[k] = self.views[k] if k in self.views else self.slot[k].astype(self.params[k].dtype)
         self.global_loss = scalars[0] / max(scalars[1], 1)
         return self.global_loss
 

@@ -41,10 +41,14 @@ class MLP:
             self.params[f"W{i}"] = xp.asarray((rng.standard_normal((a, b)) / np.sqrt(a)).astype(dtype))
             self.params[f"b{i}"] = xp.zeros(b, dtype)
 
-    def loss_and_grads(self, batch, on_grad=None) -> tuple[float, dict[str, np.ndarray], int]:
-        """The summed loss, every gradient and the sample count; `on_grad(name, grad)` is
-        called as each gradient is final, last layer first (as autograd's hooks fire), so a
-        data-parallel wrapper can start all-reducing it while backward goes on."""
+    def loss_and_grads(self, batch, on_grad=None, cuts=None) -> tuple[float, dict[str, np.ndarray], int]:
+        """The summed loss, every gradient and the sample count; `on_grad(name, grad, row)`
+        is called as each gradient is final, last layer first, a layer's bias before its
+        weights (the order autograd's hooks fire in, and the order of `DataParallel`'s
+        buckets), so a data-parallel wrapper can start all-reducing it while backward goes
+        on. `cuts[name]`: rows where a weight's gradient is cut into pieces, computed and
+        reported one at a time (`row`: the piece's first row), so the first piece travels
+        while the next is computed."""
         xp = module_of(self.params["W0"])
         x, y = batch
         x, y = xp.asarray(x).astype(self.dtype, copy=False), xp.asarray(y)
@@ -56,13 +60,18 @@ class MLP:
         loss, g = softmax_xent(acts[-1], y)
         grads: dict[str, np.ndarray] = {}
         for i in reversed(range(layers)):
-            grads[f"W{i}"] = acts[i].T @ g
-            grads[f"b{i}"] = g.sum(axis=0)
+            w, b = f"W{i}", f"b{i}"
+            grads[b] = g.sum(axis=0)
             if on_grad is not None:
-                on_grad(f"W{i}", grads[f"W{i}"])
-                on_grad(f"b{i}", grads[f"b{i}"])
+                on_grad(b, grads[b], 0)
+            gw = grads[w] = xp.empty_like(self.params[w])
+            rows = [0, *(cuts or {}).get(w, ()), len(gw)]
+            for start, stop in zip(rows, rows[1:]):   # dW[rows] = (a^T g)[rows] = a[:, rows]^T g
+                xp.matmul(acts[i][:, start:stop].T, g, out=gw[start:stop])
+                if on_grad is not None:
+                    on_grad(w, gw[start:stop], start)
             if i:
-                g = (g @ self.params[f"W{i}"].T) * (1 - acts[i] ** 2)
+                g = (g @ self.params[w].T) * (1 - acts[i] ** 2)
         return loss, {k: grads[k] for k in self.params}, len(y)
 
 

@@ -255,12 +255,14 @@ class Watched(MLP):
         super().__init__(*a, **k)
         self.ddp = None
         self.begun: list[int] = []
+        self.reported: list[str] = []
 
-    def loss_and_grads(self, batch, on_grad=None):
-        def note(name, g):
-            on_grad(name, g)
+    def loss_and_grads(self, batch, on_grad=None, cuts=None):
+        def note(name, g, row=0):
+            on_grad(name, g, row)
             self.begun.append(sum(b.request is not None for b in self.ddp.buckets))
-        return super().loss_and_grads(batch, on_grad=note if on_grad else None)
+            self.reported.append(name)
+        return super().loss_and_grads(batch, on_grad=note if on_grad else None, cuts=cuts)
 
 
 def test_buckets_begin_during_backward_in_order():
@@ -278,6 +280,11 @@ def test_buckets_begin_during_backward_in_order():
     assert model.begun[1] >= 1 and model.begun[-1] <= len(ddp.buckets) - 1   # (the last: a blocking call after)
     assert model.begun == sorted(model.begun)
     assert all(b.request is None for b in ddp.buckets)
+    # W1 (8 KB) is over the cap (1 KB): cut into pieces of rows, reported one at a time, and
+    # its first pieces travel while the next are computed
+    assert len(ddp.cuts["W1"]) >= 2 and model.reported.count("W1") == len(ddp.cuts["W1"]) + 1
+    during = [c for name, c in zip(model.reported, model.begun) if name == "W1"]
+    assert during[-1] > during[0]
     ref = DataParallel(MLP([8, 32, 32, 3], seed=1), COMM, algorithm="ring", overlap=False, bucket_cap_mb=0.001,
                        first_bucket_mb=0.0001)   # (the same buckets: the same sums, bit for bit)
     ref.zero_grad()
@@ -306,7 +313,7 @@ class PartialStream:
 @pytest.mark.parametrize("overlap", [True, False])
 def test_overlap_with_unused_parameters_and_accumulation(overlap):
     ddp = DataParallel(PartialStream(), COMM, find_unused_parameters=True, algorithm="ring", overlap=overlap,
-                       bucket_cap_mb=1e-6, first_bucket_mb=1e-6)   # one bucket per parameter
+                       bucket_cap_mb=40e-6, first_bucket_mb=1e-6)   # one bucket per parameter
     assert len(ddp.buckets) == 4
     ddp.zero_grad()
     with ddp.no_sync():
@@ -365,17 +372,21 @@ def test_powersgd_equals_its_definition(overlap, block, monkeypatch):
     _, local, count = MLP([8, 24, 16, 3], seed=3, dtype=np.float64).loss_and_grads(batch)
     every = COMM.allgather(local)
     total = COMM.allreduce(count)
-    for k, g in local.items():
-        ms = [e[k] for e in every]
-        if g.ndim == 2 and 2 < min(g.shape):
-            q0 = np.random.default_rng([7, sum(map(ord, k))]).standard_normal((g.shape[1], 2))
-            p = _orthonormalise(sum(m @ q0 for m in ms))
-            q = sum(m.T @ p for m in ms)
-            assert np.allclose(ddp.grads[k], p @ q.T / total, rtol=1e-9, atol=1e-12), k
-            assert np.allclose(state.error[k], g - p @ (g.T @ p).T, rtol=1e-9, atol=1e-12)
-            assert np.allclose(state.q[k], q, rtol=1e-9, atol=1e-12)
-        else:
-            assert np.allclose(ddp.grads[k], sum(ms) / total, rtol=1e-12, atol=1e-14), k
+    for b in ddp.buckets:   # (a parameter over the cap travels in pieces of rows, each compressed alone)
+        for piece, key in zip(b.pieces, b.names):
+            k, rows = piece.name, slice(piece.start, piece.stop)
+            g, got = (local[k][rows], ddp.grads[k][rows]) if local[k].ndim else (local[k], ddp.grads[k])
+            ms = [e[k][rows] if g.ndim else e[k] for e in every]
+            if g.ndim == 2 and 2 < min(g.shape):
+                q0 = np.random.default_rng([7, sum(map(ord, key))]).standard_normal((g.shape[1], 2))
+                p = _orthonormalise(sum(m @ q0 for m in ms))
+                q = sum(m.T @ p for m in ms)
+                assert np.allclose(got, p @ q.T / total, rtol=1e-9, atol=1e-12), key
+                assert np.allclose(state.error[key], g - p @ (g.T @ p).T, rtol=1e-9, atol=1e-12)
+                assert np.allclose(state.q[key], q, rtol=1e-9, atol=1e-12)
+            else:
+                assert np.allclose(got, sum(ms) / total, rtol=1e-12, atol=1e-14), key
+    assert any(name != piece.name for b in ddp.buckets for piece, name in zip(b.pieces, b.names))
     assert identical_everywhere({k: v for k, v in ddp.grads.items()})
 
 
@@ -421,7 +432,7 @@ def test_tuned_buckets_are_one_choice_everywhere_and_train_as_that_cap():
     assert len(set(COMM.allgather((plan.cap_mb, tuple(plan.predicted))))) == 1
     assert plan.cap_mb in plan.predicted and plan.predicted[plan.cap_mb] == min(plan.predicted.values())
     assert plan.backward > 0 and plan.alpha >= 0 and plan.beta >= 0 and "bucket cap" in plan.describe()
-    assert [b.names for b in ddp.buckets] == ddp._make_buckets(plan.cap_mb * 1e6, min(plan.cap_mb, 1.0) * 1e6)
+    assert [b.pieces for b in ddp.buckets] == ddp._make_buckets(plan.cap_mb * 1e6, min(plan.cap_mb, 1.0) * 1e6)
     assert all(not g.any() for g in ddp.grads.values())    # the measuring backward left nothing
     tuned, _, losses = train_dp(task, 6, 48, ddp=ddp, **kw)
     same = DataParallel(task.make_model(), COMM, algorithm="ring", overlap=P > 1, bucket_cap_mb=plan.cap_mb)
