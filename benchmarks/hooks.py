@@ -61,24 +61,25 @@ def main() -> int:
         train_single(task, 3, o.batch, lr=lr, momentum=momentum, seed=seed)
         t1 = (time.perf_counter() - a) / 3
     t1 = t.bcast_obj(t1, 0)
-    if o.bucket_cap == "auto":
-        probe = DataParallel(task.make_model(), None, algorithm=o.algorithm, overlap=True)
-        plan = probe.tune_buckets(task.take(task.data, local_batch(task, 0, o.batch, seed, t.size, t.rank)))
-        cap = plan.cap_mb
-        if t.rank == 0:
-            print(f"# {plan.describe()}", flush=True)
-    else:
-        cap = float(o.bucket_cap)
+    caps: dict[str, float] = {}
     rows = {}
     for name in o.hooks.split(","):
         hook, _, bits = name.partition("/")
         reload({**os.environ, "RINGMPI_PARTIALS": bits or os.environ.get("RINGMPI_PARTIALS", "32")})
-        def replica(overlap, hook=hook, timed=True):
+        def replica(overlap, hook=hook, timed=True, cap=None):
             fn, state = named(hook)
             if timed and isinstance(state, PowerSGD):
                 state.start = 0      # (timed as it compresses, not in the steps it sends whole)
-            return DataParallel(task.make_model(), None, algorithm=o.algorithm, overlap=overlap, bucket_cap_mb=cap,
-                                comm_hook=fn, hook_state=state)
+            return DataParallel(task.make_model(), None, algorithm=o.algorithm, overlap=overlap,
+                                bucket_cap_mb=cap or caps[name], comm_hook=fn, hook_state=state)
+        if o.bucket_cap == "auto":   # each hook's own cap: what it does to a bucket weighs in
+            plan = replica(True, cap=25.0).tune_buckets(task.take(task.data, local_batch(task, 0, o.batch, seed,
+                                                                                         t.size, t.rank)))
+            caps[name] = plan.cap_mb
+            if t.rank == 0:
+                print(f"# {name}: {plan.describe()}", flush=True)
+        else:
+            caps[name] = float(o.bucket_cap)
         med = time_overlap(task, o.batch, seed, replica, lambda: make_optimizer("sgd", lr, momentum), o.rounds)
         ddp = replica(None, timed=False)
         ddp, _, losses = train_dp(task, o.steps, o.batch, ddp=ddp, lr=lr, momentum=momentum, seed=seed)
@@ -89,15 +90,15 @@ def main() -> int:
         base = rows.get("allreduce")
         print(f"# {t.size} ranks on {len(set(t.nodes))} hosts, MLP {o.sizes} float32, {o.samples} samples "
               f"(separation {o.separation:g}, {o.label_noise:.0%} of the labels random), global batch {o.batch}, "
-              f"all-reduce {o.algorithm}, {cap:g} MB buckets; one process: {t1 * 1e3:.1f} ms a step; medians of "
+              f"all-reduce {o.algorithm}; one process: {t1 * 1e3:.1f} ms a step; medians of "
               f"{o.rounds}")
-        print(f"{'hook':<10} {'compute':>9} {'comm':>9} {'overlap':>9} {'blocking':>9} {'hidden':>7} {'speedup':>8}"
-              f" {'comm/f32':>9} {'loss@' + str(o.steps):>11} {'vs f32':>8} {'mean last':>10} {'vs f32':>8}  replicas")
+        print(f"{'hook':<10} {'buckets':>8} {'compute':>9} {'comm':>9} {'overlap':>9} {'blocking':>9} {'hidden':>7}"
+              f" {'speedup':>8} {'comm/f32':>9} {'loss@' + str(o.steps):>11} {'vs f32':>8} {'mean last':>10} {'vs f32':>8}  replicas")
         for name, r in rows.items():
             ratio = r["communication"] / base["communication"] if base else float("nan")
             dloss = (r["loss"] - base["loss"]) / base["loss"] if base and base["loss"] else float("nan")
             dmean = (r["mean"] - base["mean"]) / base["mean"] if base and base["mean"] else float("nan")
-            print(f"{name:<10} {r['compute'] * 1e3:>7.1f}ms {r['communication'] * 1e3:>7.1f}ms "
+            print(f"{name:<10} {caps[name]:>6g}MB {r['compute'] * 1e3:>7.1f}ms {r['communication'] * 1e3:>7.1f}ms "
                   f"{r['overlapped'] * 1e3:>7.1f}ms {r['blocking'] * 1e3:>7.1f}ms {r['hidden']:>7.0%} "
                   f"{t1 / r['overlapped']:>7.2f}x {ratio:>9.3f} {r['loss']:>11.3e} {dloss:>+8.2%} {r['mean']:>10.3e} "
                   f"{dmean:>+8.2%}  "

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import copy
 import inspect
 import itertools
 import math
@@ -26,6 +27,15 @@ __all__ = ["partition_indices", "DataParallel", "BucketPlan", "CAPS_MB", "state_
 def _rows(a: Any) -> int:
     """How many rows `a` has (its first axis; a 0-d array has one)."""
     return a.shape[0] if a.ndim else 1
+
+
+def _restore(state: Any, saved: Any) -> None:
+    """Put a hook's state back as `saved` (a deep copy of it) in place: its owner holds it."""
+    if isinstance(state, dict):
+        state.clear()
+        state.update(saved)
+    elif hasattr(state, "__dict__"):
+        vars(state).update(vars(saved))
 
 
 def partition_indices(size: int, world_size: int, rank: int, seed: int) -> list[int]:
@@ -66,24 +76,27 @@ class _Bucket:
     request: Any = None
 
 
+TIE = 0.02   # `tune_buckets`: caps whose step is within 2% of the fastest count as the fastest
 CAPS_MB = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 25.0)   # the bucket caps `tune_buckets` weighs
 
 
 @dataclass(eq=False)
 class BucketPlan:
     """What `DataParallel.tune_buckets` measured (the backward's duration, the all-reduce's
-    a + b n) and predicted (the step for each cap, in MB), and the cap it chose."""
+    a + b n, and the step with the caps predicted fastest) and predicted (the step for each
+    cap, in MB), and the cap it chose."""
     backward: float
     alpha: float
     beta: float
     predicted: dict[float, float] = field(default_factory=dict)
+    measured: dict[float, float] = field(default_factory=dict)
     cap_mb: float = 25.0
 
     def describe(self) -> str:
-        best = self.predicted[self.cap_mb]
-        alts = ", ".join(f"{c:g} MB {v * 1e3:.1f}" for c, v in self.predicted.items())
-        return (f"bucket cap {self.cap_mb:g} MB: predicted step {best * 1e3:.1f} ms (backward {self.backward * 1e3:.1f} "
-                f"ms, all-reduce {self.alpha * 1e6:.0f} us + {self.beta * 1e9:.2f} ns/B; caps {alts} ms)")
+        ms = lambda d: ", ".join(f"{c:g} MB {v * 1e3:.1f}" for c, v in d.items())   # noqa: E731
+        return (f"bucket cap {self.cap_mb:g} MB: step {self.measured[self.cap_mb] * 1e3:.1f} ms measured "
+                f"(caps {ms(self.measured)} ms); predicted from backward {self.backward * 1e3:.1f} ms and "
+                f"all-reduce {self.alpha * 1e6:.0f} us + {self.beta * 1e9:.2f} ns/B: {ms(self.predicted)} ms")
 
 
 class DataParallel:
@@ -128,6 +141,7 @@ class DataParallel:
         # NCCL does with registered buffers), else a plain array
         # (on a GPU: device buffers, all-reduced on the device, staged or CUDA-aware)
         self.xp = module_of(next(iter(self.params.values()))) if self.params else np
+        self.hook, self.hook_state = comm_hook, hook_state
         self._bucketize(bucket_cap_mb, first_bucket_mb)
         want = (overlaps(comm) and self.t.wire) if overlap is None else overlap
         # (a choice every rank must share: the order of the collectives depends on it)
@@ -135,7 +149,6 @@ class DataParallel:
                             and api.allreduce(np.array([float(want)]), op="min", comm=comm, algorithm="auto")[0])
         takes = inspect.signature(model.loss_and_grads).parameters
         self.streams, self.takes_cuts = "on_grad" in takes, "cuts" in takes
-        self.register_comm_hook(hook_state, comm_hook)
         self.allreduce_calls = 0
         self._sync = True
         self._next = len(self.buckets)   # the next bucket to start (all started: none in flight)
@@ -178,14 +191,18 @@ class DataParallel:
         at = self.offset[name]
         return at + start * per_row, at + stop * per_row
 
-    def tune_buckets(self, batch, caps_mb: tuple[float, ...] = CAPS_MB) -> BucketPlan:
+    def tune_buckets(self, batch, caps_mb: tuple[float, ...] = CAPS_MB, measure: int | None = None) -> BucketPlan:
         """Choose the byte cap from this model and this link: larger buckets pay the
         all-reduce's fixed cost fewer times, smaller ones start earlier. Measured: when each
         gradient (or piece of one) is final in one backward on `batch`, and the all-reduce's
         time at two sizes (a + b n); predicted, for every cap: the overlapped timeline (a
         bucket starts when its last rows are final, rows of a gradient computed in one piece
         taken as final evenly over its computation, and the one before it is done), the
-        slowest rank's; the buckets are rebuilt with the fastest cap (the larger on a tie)."""
+        slowest rank's; then the caps are timed as steps, in the order of the prediction
+        (the first `measure` of them; None: every cap that gives other buckets than those
+        before it), backward and average, the hook's state restored after, and the buckets
+        are rebuilt with the largest cap within `TIE` of the fastest (fewer calls, and
+        steps on this VM vary by a few percent from one to the next)."""
         reports: list[tuple[str, int, int, float]] = []    # parameter, first row, rows, when final
         begun = time.perf_counter()
 
@@ -218,8 +235,32 @@ class DataParallel:
         slowest = api.allreduce(np.array(mine), op="max", comm=self.comm, algorithm="auto")
         plan = BucketPlan(backward=float(slowest[0]), alpha=a, beta=b,
                           predicted={c: float(v) for c, v in zip(caps_mb, slowest[1:])})
-        best = min(plan.predicted.values())
-        plan.cap_mb = max(c for c, v in plan.predicted.items() if v <= best * (1 + 1e-9))
+        # the model leaves out what a hook does to each bucket (a cast, PowerSGD's two
+        # all-reduces and products) and what the transfers take from the computation beside
+        # them: the caps it predicts fastest are timed as steps, and the fastest kept
+        shortlist, layouts = [], set()
+        for cap in sorted(plan.predicted, key=lambda c: (plan.predicted[c], -c)):
+            layout = tuple(map(tuple, self._make_buckets(cap * 1e6, self.first_bucket_mb * 1e6)))
+            if layout not in layouts and len(shortlist) < (measure or len(caps_mb)):
+                shortlist.append(cap)       # (caps that give the same buckets are timed once)
+                layouts.add(layout)
+        saved = copy.deepcopy(self.hook_state)    # (the timed steps leave the hook's state as it was)
+        mine = []
+        for cap in shortlist:
+            self._bucketize(cap, self.first_bucket_mb)
+            runs = []
+            for _ in range(4):      # (the fastest of the last three: this cap's step, not the VM's noise)
+                self.zero_grad()
+                self.t.barrier()
+                t0 = time.perf_counter()
+                self.backward(batch)
+                runs.append(time.perf_counter() - t0)
+            mine.append(min(runs[1:]))
+        _restore(self.hook_state, saved)
+        slowest = api.allreduce(np.array(mine), op="max", comm=self.comm, algorithm="auto")
+        plan.measured = {c: float(v) for c, v in zip(shortlist, slowest)}
+        fastest = min(plan.measured.values())
+        plan.cap_mb = max(c for c, v in plan.measured.items() if v <= fastest * (1 + TIE))
         self._bucketize(plan.cap_mb, self.first_bucket_mb)
         self.zero_grad()
         return plan
@@ -249,8 +290,18 @@ class DataParallel:
         return self.t.bcast_obj((a, b), 0)
 
     def register_comm_hook(self, state: Any, hook: Callable[[Any, GradBucket], Any] | None) -> None:
-        """How each bucket is all-reduced (`ringmpi.dp.hooks`; None: a plain SUM)."""
+        """How each bucket is all-reduced (`ringmpi.dp.hooks`; None: a plain SUM). A hook
+        that works on each parameter as a whole (`whole_parameters = True` on the function:
+        PowerSGD's rank-r factors of each matrix) gets buckets that cut none."""
+        before = self._whole
         self.hook, self.hook_state = hook, state
+        if self._whole != before:
+            self._bucketize(self.bucket_cap_mb, self.first_bucket_mb)
+            self.zero_grad()
+
+    @property
+    def _whole(self) -> bool:
+        return bool(getattr(self.hook, "whole_parameters", False))
 
     def _communicate(self, index: int, b: _Bucket, blocking: bool) -> Any:
         """Start bucket `index`'s all-reduce (a request, or a hook's future), or run it now."""
@@ -269,13 +320,15 @@ class DataParallel:
         gradient travels in pieces as backward computes them (DDP keeps a parameter whole, and
         a large last layer's all-reduce then waits for the whole of it). Its last piece ends
         its bucket: the next parameter's gradient is final only after the layer's input
-        gradient is computed, and the piece would wait for it."""
+        gradient is computed, and the piece would wait for it. A hook that works on whole
+        parameters (`register_comm_hook`) gets none cut: one over the cap is a bucket of
+        its own, as in DDP."""
         buckets, cur, size = [], [], 0.0
         limit = min(first, cap)
         for name in reversed(list(self.params)):
             p = self.params[name]
             rows = _rows(p)
-            parts = max(1, min(rows, math.ceil(p.nbytes / cap))) if cap > 0 else max(1, rows)
+            parts = 1 if self._whole else max(1, min(rows, math.ceil(p.nbytes / cap))) if cap > 0 else max(1, rows)
             for i in range(parts):
                 start, stop = rows * i // parts, rows * (i + 1) // parts
                 nb = p.nbytes * (stop - start) / rows if rows else 0.0

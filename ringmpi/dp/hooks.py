@@ -9,8 +9,8 @@ array of its size holding them summed over the ranks (the buffer itself may be r
 requests (`ringmpi.iallreduce`), so with overlap it runs while backward goes on.
 
 - `allreduce_hook`: the default, a SUM of the buffer as it is.
-- `fp16_hook`, `bf16_hook`: the buffer cast for the wire (pre-divided by the rank count, as
-  DDP does, so a sum over ranks cannot overflow float16), all-reduced with float32
+- `fp16_hook`, `bf16_hook`: the buffer cast for the wire (fp16: pre-divided by the rank
+  count, as DDP does, so a sum over ranks cannot overflow float16), all-reduced with float32
   accumulation (`ringmpi.ops`: 16-bit payloads, float32 partial sums by default,
   RINGMPI_PARTIALS=16 for 16-bit hops: half of float32's bytes), cast back.
 - `powersgd_hook` (Vogels, Karimireddy and Jaggi, NeurIPS 2019): each matrix gradient M
@@ -71,30 +71,36 @@ def allreduce_hook(state: Any, bucket: GradBucket) -> Any:
     return bucket.iallreduce(bucket.buffer)
 
 
-def _cast_hook(dtype: Any) -> Callable[[Any, GradBucket], Any]:
-    """The buffer scaled in its own dtype, and only then converted (`ops.convert`): numpy's
-    float16 arithmetic is emulated element by element, and its conversion flags every value
-    below float16's normal range one at a time (benchmarks/README.md); the product is the
-    same float32 product either way before it is rounded."""
+def _cast_hook(dtype: Any, predivide: bool) -> Callable[[Any, GradBucket], Any]:
+    """The buffer cast to `dtype` for the wire and back. `predivide`: scaled by 1/ranks
+    first (and by ranks after), so that a sum over the ranks cannot overflow float16's
+    range; bfloat16 has float32's exponents and skips both passes over the buffer (as
+    torch's bf16 hook does). The scaling is done in the buffer's own dtype, and only then
+    converted (`ops.convert`): numpy's float16 arithmetic is emulated element by element,
+    and its conversion flags every value below float16's normal range one at a time
+    (benchmarks/README.md); the product is the same float32 product either way before it
+    is rounded."""
     def hook(state: dict, bucket: GradBucket) -> Any:
-        p = group(bucket.comm).size
+        p = group(bucket.comm).size if predivide else 1
         low = state.get(bucket.index)
         if low is None or low.size != bucket.buffer.size:
             low = state[bucket.index] = np.empty(bucket.buffer.size, dtype)   # kept: one per bucket
-        np.multiply(bucket.buffer, 1.0 / p, out=bucket.buffer)   # (the buffer is the result's anyway)
+        if p > 1:
+            np.multiply(bucket.buffer, 1.0 / p, out=bucket.buffer)   # (the buffer is the result's anyway)
         convert(bucket.buffer, low)
 
         def back(summed: Any) -> Any:
             convert(summed, bucket.buffer)
-            bucket.buffer *= p
+            if p > 1:
+                bucket.buffer *= p
             return bucket.buffer
         return Then(bucket.iallreduce(low), back)
     return hook
 
 
-fp16_hook = _cast_hook(np.float16)
+fp16_hook = _cast_hook(np.float16, predivide=True)
 fp16_hook.__doc__ = "The bucket in float16 on the wire, reduced with float32 accumulation."
-bf16_hook = _cast_hook(ml_dtypes.bfloat16)
+bf16_hook = _cast_hook(ml_dtypes.bfloat16, predivide=False)
 bf16_hook.__doc__ = "The bucket in bfloat16 on the wire, reduced with float32 accumulation."
 
 
@@ -161,6 +167,11 @@ def powersgd_hook(state: PowerSGD, bucket: GradBucket) -> Any:
     for v, slot in zip(job.vecs.values(), slots[len(mats):]):
         slot[...] = v
     return Then(bucket.iallreduce(first), job.rebuild)
+
+
+# rank-r factors of each matrix: a matrix cut into pieces of rows would be compressed piece
+# by piece (another approximation, more factors, more calls): `DataParallel` cuts none
+powersgd_hook.whole_parameters = True  # type: ignore[attr-defined]
 
 
 @dataclass(eq=False)

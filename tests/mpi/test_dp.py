@@ -346,6 +346,7 @@ def test_hooks_reduce_what_they_promise(overlap):
     from ringmpi.dp.hooks import allreduce_hook, bf16_hook, fp16_hook
     ref, _ = _hooked(None, None, False)
     plain, _ = _hooked(allreduce_hook, None, overlap)
+    assert "W1" in plain.cuts      # (these hooks get parameters over the cap in pieces)
     for k in ref.grads:
         assert np.array_equal(plain.grads[k], ref.grads[k])
     for hook, tol in ((fp16_hook, 2e-3), (bf16_hook, 2e-2)):
@@ -372,7 +373,10 @@ def test_powersgd_equals_its_definition(overlap, block, monkeypatch):
     _, local, count = MLP([8, 24, 16, 3], seed=3, dtype=np.float64).loss_and_grads(batch)
     every = COMM.allgather(local)
     total = COMM.allreduce(count)
-    for b in ddp.buckets:   # (a parameter over the cap travels in pieces of rows, each compressed alone)
+    # (PowerSGD works on whole matrices: no parameter is cut, though W1 is over the cap)
+    assert all(name == piece.name for b in ddp.buckets for piece, name in zip(b.pieces, b.names))
+    assert ddp.params["W1"].nbytes > 0.001e6 and not ddp.cuts
+    for b in ddp.buckets:
         for piece, key in zip(b.pieces, b.names):
             k, rows = piece.name, slice(piece.start, piece.stop)
             g, got = (local[k][rows], ddp.grads[k][rows]) if local[k].ndim else (local[k], ddp.grads[k])
@@ -386,7 +390,6 @@ def test_powersgd_equals_its_definition(overlap, block, monkeypatch):
                 assert np.allclose(state.q[key], q, rtol=1e-9, atol=1e-12)
             else:
                 assert np.allclose(got, sum(ms) / total, rtol=1e-12, atol=1e-14), key
-    assert any(name != piece.name for b in ddp.buckets for piece, name in zip(b.pieces, b.names))
     assert identical_everywhere({k: v for k, v in ddp.grads.items()})
 
 
@@ -395,7 +398,11 @@ def test_powersgd_all_reduces_whole_for_its_first_steps():
     after: the matrices then differ from the whole sum, the vectors do not (within the
     rounding of another summation order: they travel packed behind P)."""
     from ringmpi.dp.hooks import PowerSGD, allreduce_hook, powersgd_hook
-    plain, batch = _hooked(allreduce_hook, None, False, dtype=np.float64)
+
+    def whole(state, bucket):   # the plain sum, on PowerSGD's buckets (no parameter cut)
+        return allreduce_hook(state, bucket)
+    whole.whole_parameters = True
+    plain, batch = _hooked(whole, None, False, dtype=np.float64)
     state = PowerSGD(rank=1, seed=1, start=2)   # (rank 1: W2's gradient, 3 classes, has rank 2)
     ddp, _ = _hooked(powersgd_hook, state, False, dtype=np.float64)    # call 1
     for call in (1, 2, 3):
@@ -430,7 +437,13 @@ def test_tuned_buckets_are_one_choice_everywhere_and_train_as_that_cap():
     first = task.take(task.data, partition_indices(48, P, R, seed=8))
     plan = ddp.tune_buckets(first, caps_mb=(0.01, 0.05) + CAPS_MB)
     assert len(set(COMM.allgather((plan.cap_mb, tuple(plan.predicted))))) == 1
-    assert plan.cap_mb in plan.predicted and plan.predicted[plan.cap_mb] == min(plan.predicted.values())
+    # the caps timed as steps in the order of the prediction (those giving the same buckets
+    # once), the fastest measured kept
+    order = sorted(plan.predicted, key=lambda c: (plan.predicted[c], -c))
+    layouts = [ddp._make_buckets(c * 1e6, min(c, 1.0) * 1e6) for c in order]
+    assert list(plan.measured) == [c for i, c in enumerate(order) if layouts[i] not in layouts[:i]]
+    fastest = min(plan.measured.values())
+    assert plan.cap_mb == max(c for c, v in plan.measured.items() if v <= fastest * 1.02) and fastest > 0
     assert plan.backward > 0 and plan.alpha >= 0 and plan.beta >= 0 and "bucket cap" in plan.describe()
     assert [b.pieces for b in ddp.buckets] == ddp._make_buckets(plan.cap_mb * 1e6, min(plan.cap_mb, 1.0) * 1e6)
     assert all(not g.any() for g in ddp.grads.values())    # the measuring backward left nothing
