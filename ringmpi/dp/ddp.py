@@ -168,8 +168,7 @@ class DataParallel:
         self.offset = dict(zip(order, itertools.accumulate((self.params[k].size for k in order[:-1]), initial=0)))
         self.buckets, self.cuts = [], {}
         for pieces in self._make_buckets(cap_mb * 1e6, first_mb * 1e6):
-            lo, hi = self._elements(pieces[0].name, pieces[0].start, pieces[0].start)[0], \
-                self._elements(pieces[-1].name, pieces[-1].stop, pieces[-1].stop)[0]
+            lo, hi = self._span(pieces)
             shapes = [(p.stop - p.start,) + self.params[p.name].shape[1:] if self.params[p.name].ndim else ()
                       for p in pieces]
             names = [p.name if p.stop - p.start == _rows(self.params[p.name]) else f"{p.name}[{p.start}:{p.stop}]"
@@ -191,6 +190,11 @@ class DataParallel:
         at = self.offset[name]
         return at + start * per_row, at + stop * per_row
 
+    def _span(self, pieces: list[_Piece]) -> tuple[int, int]:
+        """Where a bucket of these consecutive pieces lies in `flat`."""
+        first, last = pieces[0], pieces[-1]
+        return self._elements(first.name, first.start, first.stop)[0], self._elements(last.name, last.start, last.stop)[1]
+
     def tune_buckets(self, batch, caps_mb: tuple[float, ...] = CAPS_MB, measure: int | None = None) -> BucketPlan:
         """Choose the byte cap from this model and this link: larger buckets pay the
         all-reduce's fixed cost fewer times, smaller ones start earlier. Measured: when each
@@ -201,8 +205,8 @@ class DataParallel:
         slowest rank's; then the caps are timed as steps, in the order of the prediction
         (the first `measure` of them; None: every cap that gives other buckets than those
         before it), backward and average, the hook's state restored after, and the buckets
-        are rebuilt with the largest cap within `TIE` of the fastest (fewer calls, and
-        steps on this VM vary by a few percent from one to the next)."""
+        are rebuilt with the largest cap within `TIE` of the fastest (fewer calls; a step's
+        time varies by a few percent from one to the next)."""
         reports: list[tuple[str, int, int, float]] = []    # parameter, first row, rows, when final
         begun = time.perf_counter()
 
@@ -228,8 +232,7 @@ class DataParallel:
         for cap in caps_mb:
             t_end = 0.0
             for pieces in self._make_buckets(cap * 1e6, self.first_bucket_mb * 1e6):
-                lo, hi = self._elements(pieces[0].name, pieces[0].start, pieces[0].start)[0], \
-                    self._elements(pieces[-1].name, pieces[-1].stop, pieces[-1].stop)[0]
+                lo, hi = self._span(pieces)
                 t_end = max(t_end, max(ready(p) for p in pieces)) + a + b * (hi - lo) * item
             mine.append(max(end, t_end))
         slowest = api.allreduce(np.array(mine), op="max", comm=self.comm, algorithm="auto")
