@@ -140,15 +140,20 @@ def test_unused_parameters_are_handled_consistently():
         strict.backward(None)  # raised on every rank alike, so nobody hangs
 
 
-def test_gradients_live_in_their_buckets_and_other_dtypes_are_copied():
+@pytest.mark.parametrize("cap_mb", [25.0, 8e-6])
+def test_gradients_live_in_their_buckets_and_other_dtypes_are_copied(cap_mb):
     """DDP's gradient_as_bucket_view: a gradient accumulates in its bucket's buffer (nothing
     packed); a parameter of another dtype than its bucket keeps an array of its own, copied
     in and cast back. Both give the whole batch's gradient, step after step, and a rank
-    without a gradient for a parameter sends zeros for it, not the last step's values."""
+    without a gradient for a parameter sends zeros for it, not the last step's values. With
+    one bucket, and with 8-byte buckets that cut every parameter into pieces of rows (the
+    float32 one's pieces copied in one at a time)."""
     x, y = classification(24, 8, 3, seed=7)
     model = MLP([8, 6, 3], seed=1)
     model.params["b1"] = model.params["b1"].astype(np.float32)
-    ddp = DataParallel(model, COMM, algorithm="ring")   # one bucket, float64
+    ddp = DataParallel(model, COMM, algorithm="ring", bucket_cap_mb=cap_mb, first_bucket_mb=cap_mb,
+                       overlap=P > 1)   # float64 buckets
+    assert (len(ddp.buckets) == 1) == (cap_mb == 25.0) and (cap_mb == 25.0 or set(ddp.cuts) == set(ddp.params))
     flats = [b.flat for b in ddp.buckets]
     for step in range(3):
         idx = np.random.default_rng(step).permutation(24)
