@@ -200,7 +200,7 @@ def _train(ns, task, kw):
     --checkpoint; on the survivors after a lost rank with --on-failure shrink); returns
     (ddp, seconds, steps run)."""
     ddp = _replica(ns, task.make_model(), None, ns.overlap)
-    if ns.bucket_cap == "auto":
+    if ns.bucket_cap == "auto" and ddp.overlap:   # (blocking, the fewest buckets cost the least: DDP's 25 MB)
         plan = ddp.tune_buckets(task.take(task.data, local_batch(task, 0, ns.batch, ns.seed, ddp.t.size, ddp.t.rank)))
         if ddp.t.rank == 0 and not ns.quiet:
             print(f"# {plan.describe()}", flush=True)
@@ -388,9 +388,10 @@ def add_parser(sub, name: str = "train", text: str = "") -> None:
     a.add_argument("--hook", choices=list(HOOKS), default="allreduce",
                    help="how each gradient bucket is all-reduced: as it is, cast to fp16 or bf16 for the wire, or "
                         "PowerSGD's rank-4 factors with error feedback (ringmpi.dp.hooks)")
-    a.add_argument("--bucket-cap", type=_bucket_cap, default="25", metavar="MB|auto",
-                   help="gradient bucket size in MB (DDP's 25), or auto: chosen from the backward's measured "
-                        "timeline and the all-reduce's measured cost (reported)")
+    a.add_argument("--bucket-cap", type=_bucket_cap, default="auto", metavar="MB|auto",
+                   help="gradient bucket size in MB, or auto (default): when overlapped, predicted from the "
+                        "backward's measured timeline and the all-reduce's measured cost, then the caps timed as "
+                        "steps (reported); blocking, DDP's 25")
     a.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
                    help="all-reduce each gradient bucket as a request during backward, as it is ready (default: "
                         "where that can hide anything: ranks on several hosts, or a core to spare per rank)")
