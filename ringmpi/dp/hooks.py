@@ -42,7 +42,8 @@ __all__ = ["GradBucket", "Then", "allreduce_hook", "fp16_hook", "bf16_hook", "Po
 class GradBucket:
     """What a hook gets: the bucket's position (`index`, the same on every rank), this
     rank's packed gradient sums (`buffer`), its parameters' names and shapes in the
-    buffer's order, and where and how to communicate."""
+    buffer's order ("W0", or "W0[0:256]" for rows of a parameter cut into pieces: a hook
+    with `whole_parameters = True` gets none cut), and where and how to communicate."""
     index: int
     buffer: Any
     names: list[str]
