@@ -151,6 +151,7 @@ class DataParallel:
         self.streams, self.takes_cuts = "on_grad" in takes, "cuts" in takes
         self.allreduce_calls = 0
         self._sync = True
+        self._optimizer = None           # during `step`: updates each parameter as its last bucket is done
         self._next = len(self.buckets)   # the next bucket to start (all started: none in flight)
         self.zero_grad()
 
@@ -177,6 +178,8 @@ class DataParallel:
             if pieces[0].start:
                 self.cuts.setdefault(pieces[0].name, []).append(pieces[0].start)
         self.starts = [b.lo for b in self.buckets]
+        last = {p.name: i for i, b in enumerate(self.buckets) for p in b.pieces}
+        self.completes = [[k for k in order if last[k] == i] for i in range(len(self.buckets))]
         # gradients accumulate straight into their bucket (DDP's gradient_as_bucket_view):
         # no copy into the bucket before its all-reduce, no fresh zeroed arrays each step
         # (`zero_grad` zeroes the buffer); a parameter of another dtype than the buffer
@@ -451,6 +454,16 @@ class DataParallel:
         head = np.array([self.loss_sum, float(self.count)] + [float(self.seen[k]) for k in names])
         head = api.allreduce(head, comm=self.comm, algorithm=self.algorithm)
         scalars, present = head[:2], head[2:]
+        if not self.find_unused and np.any(present < p):
+            for b in self.buckets:   # (every rank raises: nothing left in flight first)
+                if b.request is not None:
+                    b.request.wait()
+                    b.request = None
+            missing = [k for k, c in zip(names, present) if c < p]
+            raise RuntimeError(f"DataParallel (rank {self.t.rank}): parameters {missing} got no gradient "
+                               "on some ranks; pass find_unused_parameters=True if that is expected")
+        scale = 1.0 / scalars[1] if self.weighting == "global" else 1.0 / p
+        got = dict(zip(names, present))
         for i, b in enumerate(self.buckets):   # (begun during backward: waited for; the others: now)
             if b.request is not None:
                 summed = b.request.wait()
@@ -460,24 +473,35 @@ class DataParallel:
             b.request = None
             if summed is not b.flat:
                 b.flat[...] = summed
-        if not self.find_unused and np.any(present < p):
-            missing = [k for k, c in zip(names, present) if c < p]
-            raise RuntimeError(f"DataParallel (rank {self.t.rank}): parameters {missing} got no gradient "
-                               "on some ranks; pass find_unused_parameters=True if that is expected")
-        self.flat *= 1.0 / scalars[1] if self.weighting == "global" else 1.0 / p
-        for k, c in zip(names, present):
-            if c == 0:     # no rank got a gradient for it
-                self.grads[k] = None
-            else:
-                self.grads[k] = self.views[k] if k in self.views else self.slot[k].astype(self.params[k].dtype)
+            b.flat *= scale
+            done = {}
+            for k in self.completes[i]:   # the parameters whose last rows were in this bucket
+                if got[k] == 0:    # no rank got a gradient for it
+                    self.grads[k] = None
+                else:
+                    done[k] = self.grads[k] = self.views[k] if k in self.views else \
+                        self.slot[k].astype(self.params[k].dtype)
+            if self._optimizer is not None and done:   # (updated beside the buckets still in flight)
+                self._optimizer.update(self.params, done)
         self.global_loss = scalars[0] / max(scalars[1], 1)
         return self.global_loss
 
     def step(self, optimizer, batch) -> float:
-        """train_step: zero grads, forward and loss, backward, average, optimizer update."""
+        """train_step: zero grads, forward and loss, backward, average, optimizer update. An
+        optimizer that updates a few parameters at a time (`begin` and `update`: SGD, Adam)
+        updates each parameter as soon as its last bucket is averaged, beside the
+        all-reduces still in flight; the same bits as one update after them all."""
         self.zero_grad()
-        self.backward(batch)
-        optimizer.step(self.params, {k: g for k, g in self.grads.items() if g is not None})
+        stepwise = self._sync and hasattr(optimizer, "begin") and hasattr(optimizer, "update")
+        if stepwise:
+            optimizer.begin()
+            self._optimizer = optimizer
+        try:
+            self.backward(batch)
+        finally:
+            self._optimizer = None
+        if not stepwise:
+            optimizer.step(self.params, {k: g for k, g in self.grads.items() if g is not None})
         return self.global_loss
 
 

@@ -253,6 +253,32 @@ def test_overlapped_training_gives_the_bits_of_blocking_training(dtype, algorith
     assert runs[True][1][-1] < runs[True][1][0]
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("overlap", [True, False])
+def test_step_updates_each_parameter_as_its_buckets_arrive_with_the_bits_of_one_update(optimizer, overlap):
+    """`DataParallel.step` updates a parameter as soon as its last bucket is averaged (SGD
+    and Adam: `begin` once, `update` a few at a time); against `backward` then one
+    `optimizer.step` on the same buckets: the same bits, step after step."""
+    task = make_task("mlp", np.float64, seed=6)
+    runs = []
+    for stepwise in (True, False):
+        ddp = DataParallel(task.make_model(), COMM, algorithm="ring", overlap=overlap, bucket_cap_mb=0.0005,
+                           first_bucket_mb=0.0001)
+        opt = make_optimizer(optimizer, 0.05, 0.9)
+        assert len(ddp.buckets) > 2 and ddp.cuts
+        for s in range(4):
+            mine = partition_indices(48, P, R, seed=s)
+            data = task.take(task.data, [(s * 48 + i) % task.size for i in mine])
+            if stepwise:
+                ddp.step(opt, data)
+            else:
+                ddp.zero_grad()
+                ddp.backward(data)
+                opt.step(ddp.params, {k: g for k, g in ddp.grads.items() if g is not None})
+        runs.append(params_digest(ddp.params))
+    assert runs[0] == runs[1]
+
+
 class Watched(MLP):
     """An MLP that notes, as backward reports each gradient, how many buckets have begun."""
 
