@@ -341,6 +341,19 @@ class PartialStream:
         return float(R), g, 2
 
 
+def test_a_missing_gradient_raises_everywhere_with_nothing_left_in_flight():
+    """Buckets begun during backward, then a parameter no rank got: every rank raises, after
+    waiting for its requests (none is left to the exit report), and the next call works."""
+    from ringmpi.requests import engine
+    ddp = DataParallel(PartialStream(), COMM, algorithm="ring", overlap=True, bucket_cap_mb=40e-6,
+                       first_bucket_mb=1e-6)
+    ddp.zero_grad()
+    with pytest.raises(RuntimeError, match=r"parameters \[.*'a'.*\] got no gradient"):
+        ddp.backward(None)
+    assert all(b.request is None for b in ddp.buckets) and not engine().forgotten(ddp.t)
+    assert COMM.allreduce(1) == P
+
+
 @pytest.mark.parametrize("overlap", [True, False])
 def test_overlap_with_unused_parameters_and_accumulation(overlap):
     ddp = DataParallel(PartialStream(), COMM, find_unused_parameters=True, algorithm="ring", overlap=overlap,
