@@ -24,7 +24,7 @@ from .hooks import GradBucket
 __all__ = ["partition_indices", "DataParallel", "BucketPlan", "CAPS_MB", "state_arrays", "restore", "save_checkpoint", "load_checkpoint"]
 
 
-def _rows(a: Any) -> int:
+def _row_count(a: Any) -> int:
     """How many rows `a` has (its first axis; a 0-d array has one)."""
     return a.shape[0] if a.ndim else 1
 
@@ -172,7 +172,7 @@ class DataParallel:
             lo, hi = self._span(pieces)
             shapes = [(p.stop - p.start,) + self.params[p.name].shape[1:] if self.params[p.name].ndim else ()
                       for p in pieces]
-            names = [p.name if p.stop - p.start == _rows(self.params[p.name]) else f"{p.name}[{p.start}:{p.stop}]"
+            names = [p.name if p.stop - p.start == _row_count(self.params[p.name]) else f"{p.name}[{p.start}:{p.stop}]"
                      for p in pieces]
             self.buckets.append(_Bucket(lo, hi, self.flat[lo:hi], pieces, names, shapes))
             if pieces[0].start:
@@ -214,9 +214,8 @@ class DataParallel:
         begun = time.perf_counter()
 
         def on_grad(name: str, g, row: int = 0) -> None:
-            reports.append((name, row, _rows(self.params[name] if g is None else g), time.perf_counter() - begun))
-        kw = {"cuts": self.cuts} if self.takes_cuts else {}
-        self.model.loss_and_grads(batch, on_grad=on_grad, **kw) if self.streams else self.model.loss_and_grads(batch, **kw)
+            reports.append((name, row, _row_count(self.params[name] if g is None else g), time.perf_counter() - begun))
+        self._loss_and_grads(batch, on_grad)
         end = time.perf_counter() - begun
         spans: dict[str, list[tuple[int, int, float, float]]] = {}
         before = reports[0][3] if reports else end
@@ -333,8 +332,10 @@ class DataParallel:
         limit = min(first, cap)
         for name in reversed(list(self.params)):
             p = self.params[name]
-            rows = _rows(p)
-            parts = 1 if self._whole else max(1, min(rows, math.ceil(p.nbytes / cap))) if cap > 0 else max(1, rows)
+            rows = _row_count(p)
+            parts = 1
+            if not self._whole:   # (a zero cap: a row a bucket)
+                parts = max(1, min(rows, math.ceil(p.nbytes / cap)) if cap > 0 else rows)
             for i in range(parts):
                 start, stop = rows * i // parts, rows * (i + 1) // parts
                 nb = p.nbytes * (stop - start) / rows if rows else 0.0
@@ -370,7 +371,6 @@ class DataParallel:
         (overlapped: the buckets start during backward, `average_gradients` waits)."""
         streaming = self._sync and self.overlap
         reported: set[str] = set()
-        kw = {"cuts": self.cuts} if self.takes_cuts else {}
         if streaming:
             for b in self.buckets:
                 b.waiting = b.hi - b.lo
@@ -381,10 +381,9 @@ class DataParallel:
                 reported.add(name)
                 self._final(name, row, row + n)
                 self._start_ready()
-            loss, grads, count = self.model.loss_and_grads(batch, on_grad=on_grad, **kw) if self.streams \
-                else self.model.loss_and_grads(batch, **kw)
+            loss, grads, count = self._loss_and_grads(batch, on_grad)
         else:
-            loss, grads, count = self.model.loss_and_grads(batch, **kw)
+            loss, grads, count = self._loss_and_grads(batch)
         if self.weighting == "mean" and count:
             grads = {k: g / count for k, g in grads.items()}
         for k, g in grads.items():
@@ -399,17 +398,25 @@ class DataParallel:
         if self._sync:
             self.average_gradients()
 
+    def _loss_and_grads(self, batch, on_grad: Callable[..., None] | None = None) -> tuple:
+        """The model's forward and backward, told where the buckets cut its gradients and,
+        if it can report them as they are final, given `on_grad`."""
+        kw: dict[str, Any] = {"cuts": self.cuts} if self.takes_cuts else {}
+        if on_grad is not None and self.streams:
+            kw["on_grad"] = on_grad
+        return self.model.loss_and_grads(batch, **kw)
+
     def _accumulate(self, name: str, g, row: int = 0) -> int:
         """Add `g`: rows [row, row + len(g)) of parameter `name`'s gradient (the whole of it
         by default; None: it has none); how many rows that reports final."""
         if g is None:
-            return _rows(self.params[name])
+            return _row_count(self.params[name])
         grad = self.grads[name]
         if row or g.shape != grad.shape:
             grad = grad[row:row + g.shape[0]]
         grad += g
         self.seen[name] = True
-        return _rows(g)
+        return _row_count(g)
 
     def _final(self, name: str, start: int, stop: int) -> None:
         """Rows [start, stop) of `name`'s gradient are final: the buckets holding them wait

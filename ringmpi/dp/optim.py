@@ -8,14 +8,10 @@ from .arrays import module_of
 __all__ = ["SGD", "Adam"]
 
 
-class SGD:
+class _Stepwise:
     """`step` is `begin` (what a step does once) then `update` of every parameter; a caller
     that has the gradients a few at a time (`DataParallel.step`, as buckets arrive) calls
     `begin` once and `update` with each few: the same bits as one `step`."""
-
-    def __init__(self, lr: float = 0.1, momentum: float = 0.0) -> None:
-        self.lr, self.momentum = lr, momentum
-        self.state: dict[str, np.ndarray] = {}
 
     def step(self, params: dict, grads: dict) -> None:
         self.begin()
@@ -23,6 +19,15 @@ class SGD:
 
     def begin(self) -> None:
         pass
+
+    def update(self, params: dict, grads: dict) -> None:
+        raise NotImplementedError
+
+
+class SGD(_Stepwise):
+    def __init__(self, lr: float = 0.1, momentum: float = 0.0) -> None:
+        self.lr, self.momentum = lr, momentum
+        self.state: dict[str, np.ndarray] = {}
 
     def update(self, params: dict, grads: dict) -> None:
         for k, g in grads.items():
@@ -37,19 +42,14 @@ class SGD:
         self.state = {k: v.copy() for k, v in state.items()}
 
 
-class Adam:
-    """`step` is `begin` (the step count and its bias corrections) then `update` (as SGD's)."""
-
+class Adam(_Stepwise):
     def __init__(self, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8) -> None:
         self.lr, self.b1, self.b2, self.eps = lr, betas[0], betas[1], eps
         self.state: dict[str, np.ndarray] = {}
         self.t = 0
 
-    def step(self, params: dict, grads: dict) -> None:
-        self.begin()
-        self.update(params, grads)
-
     def begin(self) -> None:
+        """The step count, once a step (`update` takes its bias corrections from it)."""
         self.t += 1
         self.state["t"] = np.array(self.t)
 
