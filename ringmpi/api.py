@@ -402,7 +402,7 @@ class _Bound:
     the memo keeping it for the next call on the same arrays (`restart`) keeps no user
     array alive."""
     __slots__ = ("t", "view", "dev", "alg", "call", "result", "name", "on_done", "thread", "native", "params",
-                 "shape", "launched", "stripped", "canonical")
+                 "shape", "launched", "stripped", "canonical", "arena")
 
     def __init__(self, t: Any, view: Any, dev: Any, alg: Any, call: Call, result: Any, on_done: Any,
                  thread: bool) -> None:
@@ -417,6 +417,7 @@ class _Bound:
         # MAX/MIN) runs its first step at the start, on the caller's thread, so that it
         # posts it in the order of the starts
         self.thread = thread and (self.native or alg.cost is not None)
+        self.arena = alg.scratch(t.size, call) if dev is None else 0   # (shared memory: `RequestView.take_shared`)
         self.launched = False      # (a start after the first takes the next sequence number and tag)
 
     def persistent(self, native: bool) -> Any:
@@ -444,6 +445,8 @@ class _Bound:
             view.post(call)
             body = functools.partial(self.finish, view, call, result)
         else:
+            if self.arena:
+                view.take_shared(self.arena)
             body = functools.partial(self.body, view, call, result)
         req = requests.Request(self.name, view.seq, self.t, view, body, on_done=self.on_done, posted=self.native)
         return requests.engine().start(req, self.thread)

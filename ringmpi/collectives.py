@@ -557,7 +557,7 @@ def _as_request(blocking: Any, spec: Collective, persistent: bool) -> Any:
             "`test()` says whether it is complete; computation may run meanwhile.")
     call.__doc__ = what.format(spec.name, spec.name.capitalize()) + (
         "\n\nArguments, algorithms and errors as in `ringmpi.{0}`; requests on one communicator begin in the "
-        "same order on every rank and complete in any order. The shared-memory algorithms run blocking calls "
+        "same order on every rank and complete in any order. The hierarchical algorithms run blocking calls "
         "only.").format(spec.name)
     return call
 

@@ -42,7 +42,7 @@ import threading
 import time
 import traceback
 import zlib
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -178,6 +178,19 @@ class _Wire(CountedMemory, PrivateMemory, ReceiveThenReduce):
     def _sendrecv(self, sp: list, dest: int | None, rp: list, source: int | None) -> None:
         raise NotImplementedError
 
+    def _sendrecv_now(self, sp: list, dest: int | None, rp: list, source: int | None) -> None:
+        """Pieces sp[i] and rp[i] in one MPI_Sendrecv each (a missing side: MPI_PROC_NULL)."""
+        self.counters.calls += 1
+        tag = self.tag
+        for i in range(max(len(sp), len(rp), 1)):
+            s = sp[i] if i < len(sp) else None
+            r = rp[i] if i < len(rp) else None
+            self.comm.Sendrecv(s, MPI.PROC_NULL if s is None else dest, tag,
+                               r, MPI.PROC_NULL if r is None else source, tag)
+            if s is not None:
+                self.counters.messages += 1
+                self.counters.bytes_sent += s.nbytes
+
     def _post(self, sends: Sequence[tuple[Any, int]], recvs: Sequence[tuple[Any, int]]) -> list:
         """Isend/Irecv of every (buffer, peer), pieces of at most max_count elements, counted."""
         self.counters.calls += 1
@@ -283,7 +296,7 @@ class MPITransport(_Wire):
         self.waiting_for: list[int] | None = None   # ranks a call is known to wait for (stall messages)
         self.profile: Any = None          # ringmpi.cost.Profile, read once (ringmpi.auto)
         self.choices = LRU(256)           # auto's decisions per call shape
-        self.request_choices = LRU(256)   # the same for requests (some algorithms run blocking only)
+        self.request_choices = LRU(256)   # the same for requests (the hierarchical ones run blocking only)
         self.request_plans = LRU(256)     # a request's call shape -> (algorithm, tunables, label)
         self._spare_pools: list = []      # scratch of completed requests, for the next ones
         self.last_choice: dict | None = None
@@ -453,21 +466,11 @@ class MPITransport(_Wire):
 
     # -- data movement: blocking (beside requests in flight, tested in turn with them) ---
     def _sendrecv(self, sp: list, dest: int | None, rp: list, source: int | None) -> None:
-        """Pieces sp[i] and rp[i] in one MPI_Sendrecv each (a missing side: MPI_PROC_NULL)."""
         if requests.ACTIVE:
             self._beside_requests(self._post_pairs(sp, dest if sp else MPI.PROC_NULL, rp,
                                                    source if rp else MPI.PROC_NULL))
             return
-        self.counters.calls += 1
-        tag = self.tag
-        for i in range(max(len(sp), len(rp), 1)):
-            s = sp[i] if i < len(sp) else None
-            r = rp[i] if i < len(rp) else None
-            self.comm.Sendrecv(s, MPI.PROC_NULL if s is None else dest, tag,
-                               r, MPI.PROC_NULL if r is None else source, tag)
-            if s is not None:
-                self.counters.messages += 1
-                self.counters.bytes_sent += s.nbytes
+        self._sendrecv_now(sp, dest, rp, source)
 
     def exchange(self, sends: Sequence[tuple[np.ndarray, int]],
                  recvs: Sequence[tuple[np.ndarray, int]]) -> None:
@@ -624,6 +627,13 @@ class MPITransport(_Wire):
         return self._nodes
 
     def shared(self) -> Any:
+        """The shared-memory transport of this communicator for a blocking call, once no
+        request runs on it (`SharedTransport.drained`)."""
+        s = self.shared_memory()
+        s.drained()
+        return s
+
+    def shared_memory(self) -> Any:
         """The shared-memory transport of this communicator (`ringmpi.shm`), made at first
         use: collective, and only when every rank is on one host."""
         if self._shared is None:
@@ -681,8 +691,10 @@ class RequestView(_Wire):
     tag rules as the blocking transport, but each exchange posts its messages (or MPI's own
     nonblocking collective, "I" + the function) and suspends the body until the engine finds
     them complete. Its scratch is its own: a blocking call beside it resets the
-    communicator's. What a request cannot do: the shared-memory algorithms wait for their
-    peers by spinning on flags in memory, which a suspended body cannot (they refuse)."""
+    communicator's. A shared-memory body (`ringmpi.shm`: messages without tags, one call
+    at a time) takes its place in the transport's queue when the request starts, in the
+    order of the starts on every rank, runs once it is first, and suspends where a blocking
+    call would spin on a flag (`await_word`). The hierarchical schedule runs blocking only."""
     nonblocking = True
 
     def __init__(self, group: MPITransport, seq: int, tag: int, label: str) -> None:
@@ -696,7 +708,10 @@ class RequestView(_Wire):
         self.suspend: Any = None             # set by the engine: switches back to who advanced the body
         self.posting = self.binding = False  # (`post`, `bind`: MPI's own call posted or bound, no body)
         self.failure: BaseException | None = None   # MPI's error met while waiting (`wait_all`)
+        self.until: Any = None               # or a test the body waits for instead (shared memory)
         self.devices: dict = {}
+        self.queued: Any = None              # the shared-memory transport whose queue holds this call
+        self.inline = False                  # the body runs on its waiter's stack (`requests.Engine._inline`)
 
     def relabel(self, label: str) -> None:
         """What the request runs, resolved (auto's choice): its tag salted with it, as a
@@ -741,7 +756,11 @@ class RequestView(_Wire):
     def close(self) -> None:
         """The call is complete: its scratch goes back to the communicator for the next
         request (a fresh multi-MiB buffer per request would pay its page faults every time:
-        it made large requests several times slower than blocking calls; benchmarks/README.md)."""
+        it made large requests several times slower than blocking calls; benchmarks/README.md),
+        and its place in the shared-memory transport's queue to the next call."""
+        s, self.queued = self.queued, None
+        if s is not None:
+            s.queue.remove(self)
         if self.pool is not None:
             self.group.give_pool(self.pool)
             self.pool = None
@@ -762,7 +781,16 @@ class RequestView(_Wire):
             finally:
                 self.pending = []
 
+    def _alone(self) -> bool:
+        """Whether the body runs on its waiter's stack with no other request in flight: its
+        messages then go as a blocking call's (one MPI_Sendrecv, not an Isend, an Irecv and
+        their waits: a request waited for at once costs what the blocking call does)."""
+        return self.inline and len(requests.ACTIVE) == 1
+
     def _sendrecv(self, sp: list, dest: int | None, rp: list, source: int | None) -> None:
+        if self._alone():
+            self._sendrecv_now(sp, dest, rp, source)
+            return
         self._await(self._post_pairs(sp, dest, rp, source))
 
     def exchange(self, sends: Sequence[tuple[Any, int]], recvs: Sequence[tuple[Any, int]]) -> None:
@@ -772,6 +800,9 @@ class RequestView(_Wire):
         if self.binding:
             self.pending = [getattr(self.comm, function + "_init")(*args)]
             return
+        if self._alone():
+            getattr(self.comm, function)(*args)
+            return
         self._await([getattr(self.comm, "I" + function[0].lower() + function[1:])(*args)])
 
     def ready(self) -> bool:
@@ -779,11 +810,20 @@ class RequestView(_Wire):
         if self.failure is not None:
             err, self.failure = self.failure, None
             raise err
+        if self.until is not None:
+            return self.until()
         return MPI.Request.Testall(self.pending)
 
     def wait_all(self) -> None:
         """Block in MPI until this request's messages in flight complete; MPI's error is
-        kept for `ready`, which raises it (the engine delivers it into the body)."""
+        kept for `ready`, which raises it (the engine delivers it into the body). A test
+        (shared memory) is polled a while, then the core yielded: the engine tests again."""
+        if self.until is not None:
+            for _ in range(_SPINS):
+                if self.until():
+                    return
+            requests.yield_core()
+            return
         try:
             MPI.Request.Waitall(self.pending)
         except MPI.Exception as err:
@@ -793,8 +833,46 @@ class RequestView(_Wire):
     def nodes(self) -> list[int]:
         return self.group.nodes
 
+    def take_shared(self, nbytes: int) -> None:
+        """At the start, on the caller's thread: this call's place in the shared-memory
+        transport's queue, after the arena is grown to `nbytes` where it is smaller (which is
+        collective: every rank decides the same at the same start, once the calls before
+        have left the transport)."""
+        s = self.group.shared_memory()
+        if nbytes > s.arena:
+            s.drained()
+            s.reserve(nbytes)
+        s.queue.append(self)
+        self.queued = s
+
     def shared(self) -> Any:
-        raise ValueError("shared memory runs blocking calls only (its ranks wait for each other by spinning)")
+        """The shared-memory transport, once this call is first in its queue (its waits on
+        flags then suspend this body: `SharedTransport._await`) until it is complete (`close`)."""
+        s = self.queued
+        if s is None:
+            raise RuntimeError(f"{self.label}: a shared-memory body on a request that took no place at its start")
+        if s.queue[0] is not self:
+            self._await_until(lambda: s.queue[0] is self)
+        return s
+
+    def await_word(self, words: memoryview, i: int, target: int) -> None:
+        """Until words[i] >= target (a peer's flag in shared memory): polled a while on a
+        caller's thread (a wait that came at once runs at a blocking call's speed), then
+        the body suspends until the engine finds it set."""
+        self._await_until(lambda: words[i] >= target)
+
+    def _await_until(self, test: Callable[[], bool]) -> None:
+        if test():
+            return
+        if not requests.on_progress_thread():
+            for _ in range(_SPINS):
+                if test():
+                    return
+        self.until, self.pending = test, _UNTIL
+        try:
+            self.suspend()
+        finally:
+            self.until, self.pending = None, []
 
     def split_nodes(self) -> tuple[Any, Any]:
         raise ValueError("the hierarchical schedule runs blocking calls only (shared memory inside a host)")
@@ -807,6 +885,8 @@ class RequestView(_Wire):
 _ELEMENTWISE = ("Allreduce", "Reduce", "Bcast")
 _CUT = frozenset({"allreduce", "reduce", "broadcast"})   # the collectives whose own call is one of those
 _ABANDONED: list = []   # (MPI requests, scratch) of request rounds that failed (`RequestView._await`)
+_UNTIL = [None]         # a request's `pending` while it waits for a test, not for MPI requests
+_SPINS = 200            # polls of such a test before the body suspends (`shm.SPINS`)
 _ERROR_CLASSES = {getattr(MPI, n): f"MPI_{n}" for n in sorted(dir(MPI), reverse=True)
                   if n.startswith("ERR_") and isinstance(getattr(MPI, n), int) and n != "ERR_LASTCODE"}
 

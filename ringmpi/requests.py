@@ -16,7 +16,12 @@ Progress. A request advances when ringmpi is called on the thread that owns it (
 and mpi4py inside MPI calls. Greenlets belong to one thread, so a request is owned by the
 thread that first advances it: the progress thread takes the requests started while it
 runs; a `wait` that comes first (start then wait at once, nothing to overlap) takes its
-request itself and runs it at the speed of a blocking call. The progress thread never
+request itself and runs its body on its own stack, not in a greenlet, as a blocking call
+(`Engine._inline`; with nothing else in flight its messages are MPI_Sendrecv's, not
+Isend/Irecv pairs). The shared-memory bodies (`ringmpi.shm`) wait on flags in memory
+instead of MPI requests: their transport takes one call at a time, in the order of the
+starts. A caller polling yields the core with sched_yield, never time.sleep(0), which
+sleeps Linux's timer slack (50-70 us) each time. The progress thread never
 waits inside MPI (Open MPI spins there, and would take the core the caller computes on): it
 tests, and sleeps between tests, less and less often while nothing completes, and not at
 all while a caller waits for one of its requests. With nothing in flight it lingers awake
@@ -33,6 +38,8 @@ waited for is reported when its communicator is freed and when the process exits
 """
 from __future__ import annotations
 
+import functools
+import os
 import sys
 import threading
 import time
@@ -41,7 +48,8 @@ from typing import Any, Callable
 
 from greenlet import GreenletExit, getcurrent, greenlet
 
-__all__ = ["Request", "Persistent", "waitall", "testall", "progress", "engine", "Engine", "ACTIVE"]
+__all__ = ["Request", "Persistent", "waitall", "testall", "progress", "on_progress_thread", "yield_core", "engine",
+           "Engine", "ACTIVE"]
 
 
 @dataclass(eq=False)
@@ -62,6 +70,7 @@ class Request:
     owner: int | None = None       # the thread whose greenlet runs the body (None: not begun)
     let: Any = None                # that greenlet
     resumer: Any = None            # the greenlet that advanced it last (where it suspends to)
+    inline: bool = False           # its body runs on its waiter's stack, not in a greenlet (`Engine._inline`)
     on_done: Callable[["Request"], None] | None = None       # (a generalized MPI request's completion)
     posted: bool = False           # MPI's own collective was posted at the start: `body` only finishes it
     finished: threading.Event | None = None   # made for a waiter on another thread, set when done
@@ -214,8 +223,9 @@ class Engine:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.wake = threading.Condition(self.lock)
-        self.active = ACTIVE                 # begun, not complete
-        self.unwaited: list[Request] = []    # complete, not yet waited for (reported at exit)
+        # (dicts as ordered sets: a request leaves them in O(1), in whatever order it completes)
+        self.active = ACTIVE                 # begun, not complete, in the order of the starts
+        self.unwaited: dict[Request, None] = {}   # complete, not yet waited for (reported at exit)
         self.thread: threading.Thread | None = None
         self.urgent = 0                      # callers waiting for a request the thread owns
         self.asleep = False                  # the progress thread waits for a start (`_loop`)
@@ -226,7 +236,7 @@ class Engine:
         """Begin `req`: on the progress thread when `thread`, else its first round now."""
         req.started = time.perf_counter()
         with self.lock:
-            self.active.append(req)
+            self.active[req] = None
             if thread:
                 self._ensure_thread()
                 self.wake.notify()
@@ -264,7 +274,7 @@ class Engine:
     def _step(self, req: Request, grace: float = 0.0) -> bool:
         """Advance `req` once if its posted messages are complete (this thread owns it):
         True when it moved."""
-        if req.done or not self._claim(req, grace):
+        if req.done or req.inline or not self._claim(req, grace):
             return False
         view = req.view
         if req.posted:
@@ -324,11 +334,9 @@ class Engine:
         req.view.close()
         with self.lock:
             req.done = True
-            if req in self.active:
-                self.active.remove(req)
-            self.unwaited.append(req)
-            if len(self.unwaited) > 64:
-                self.unwaited = [r for r in self.unwaited if not r.waited]
+            self.active.pop(req, None)
+            if not req.waited:
+                self.unwaited[req] = None
             finished = req.finished
         if finished is not None:
             finished.set()
@@ -339,8 +347,7 @@ class Engine:
         """`req` was waited for: no longer kept for the report of those never waited for
         (nor its result with it)."""
         with self.lock:
-            if req in self.unwaited:
-                self.unwaited.remove(req)
+            self.unwaited.pop(req, None)
 
     def mine(self) -> list[Request]:
         me = threading.get_ident()
@@ -359,7 +366,7 @@ class Engine:
         """Until `req` is complete: run it here if this thread owns it or may take it
         (blocking in MPI on the posted messages of this thread's requests), else wait for
         the progress thread, which stops sleeping meanwhile. Watched by the stall inspector."""
-        g = req.group
+        g, me = req.group, threading.get_ident()
         before = g.waiting(req.label, req.seq)
         try:
             while not req.done:
@@ -367,7 +374,9 @@ class Engine:
                     self._wait_posted(req)
                     continue
                 if self._claim(req):
-                    if not self.advance_mine() and not req.done:
+                    if req.let is None and not req.inline:
+                        self._inline(req)
+                    elif not self.advance_mine() and not req.done:
                         self.block([r for r in self.mine() if r.owner is not None and r.let is not None])
                     continue
                 with self.lock:
@@ -377,18 +386,43 @@ class Engine:
                         req.finished = threading.Event()
                     finished = req.finished
                     self.urgent += 1
+                    # (this thread's own requests in flight keep moving meanwhile: the one
+                    # waited for may need one of them, as a shared-memory call needs those
+                    # started before it to leave the transport)
+                    own = any(r.owner == me for r in self.active)
                 try:
-                    finished.wait()
+                    if own:
+                        self.advance_mine()
+                        finished.wait(OWN_NAP)
+                    else:
+                        finished.wait()
                 finally:
                     with self.lock:
                         self.urgent -= 1
         finally:
             g.waited(before)
 
+    def _inline(self, req: Request) -> None:
+        """A request waited for before its body began (a start then a wait, nothing to
+        overlap) runs here, on the waiter's stack, as a blocking call does: no greenlet, no
+        switches, its waits held in place (`_hold`)."""
+        req.inline = req.view.inline = True
+        req.view.suspend = functools.partial(self._hold, req.view)
+        self._run(req)
+
+    def _hold(self, view: Any) -> None:
+        """Where an inline body waits for its messages: in MPI when no other request is in
+        flight, else testing them and advancing this thread's other requests in turn."""
+        if len(self.active) > 1:
+            self.alongside(view.ready)
+            return
+        while not view.ready():
+            view.wait_all()
+
     def _wait_posted(self, req: Request) -> None:
         """MPI's own request: waited for in MPI, once no other thread is testing it."""
         if not self._claim(req):
-            time.sleep(0)
+            yield_core()
             return
         try:
             if not req.done:
@@ -417,7 +451,7 @@ class Engine:
         if len(views) == 1:
             views[0].wait_all()
         elif views:
-            time.sleep(0)
+            yield_core()
 
     def alongside(self, test: Callable[[], bool]) -> None:
         """Until `test()` (a blocking call's own messages, tested): advance this thread's
@@ -426,7 +460,7 @@ class Engine:
         while not test():
             if not self.advance_mine():
                 spins += 1
-                time.sleep(0 if spins < 100 else 2e-5)
+                yield_core() if spins < 100 else time.sleep(2e-5)
             else:
                 spins = 0
 
@@ -465,7 +499,7 @@ class Engine:
     # -- what was never waited for ---------------------------------------------------------
     def forgotten(self, group: Any = None) -> list[Request]:
         with self.lock:
-            every = self.active + self.unwaited
+            every = [*self.active, *self.unwaited]
         return [r for r in every if not r.waited and (group is None or r.group is group)]
 
     def at_exit(self, seconds: float = 2.0) -> None:
@@ -493,6 +527,12 @@ class Engine:
         sys.stderr.flush()
 
 
+#: gives the core (and the GIL) away for a moment while a caller polls: about a microsecond,
+#: where time.sleep(0) sleeps Linux's timer slack (50-70 us here: benchmarks/README.md)
+yield_core = getattr(os, "sched_yield", lambda: time.sleep(0))
+#: seconds a caller waiting for the progress thread's request sleeps between advancing its
+#: own requests in flight (`Engine.wait_for`)
+OWN_NAP = 1e-4
 #: seconds the progress thread leaves a new request to its caller: a wait that comes at once
 #: (nothing to overlap) then runs it at a blocking call's speed, without a thread's hand-off
 GRACE = 1e-4
@@ -507,7 +547,7 @@ MAX_NAP = 2e-5
 #: every request begun and not complete in this process (a blocking call tests it, one
 #: global read while nothing is in flight, and then advances the requests beside its own
 #: messages: `Engine.alongside`)
-ACTIVE: list[Request] = []
+ACTIVE: dict[Request, None] = {}
 _ENGINE: list[Engine] = []
 _MAKING = threading.Lock()
 
@@ -519,6 +559,12 @@ def engine() -> Engine:
             if not _ENGINE:
                 _ENGINE.append(Engine())
     return _ENGINE[0]
+
+
+def on_progress_thread() -> bool:
+    """Whether the caller is the progress thread (which polls nothing in a loop: it holds
+    the GIL and a core that the caller's computation and the peers need)."""
+    return bool(_ENGINE) and _ENGINE[0].thread is threading.current_thread()
 
 
 def progress() -> bool:

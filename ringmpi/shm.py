@@ -35,9 +35,11 @@ import time
 import weakref
 from typing import Any, Sequence
 
+from collections import deque
+
 import numpy as np
 
-from . import cma
+from . import cma, requests
 from .backend import NUMPY
 from .settings import settings
 from .transport import CountedMemory, Counters, split_nodes
@@ -124,6 +126,26 @@ class SharedTransport(CountedMemory):
         self.pids: list[int] = []
         self._cma = self._probe_cma()
         self._landing: np.ndarray | None = None   # see _scratch
+        #: the requests that run on this transport (`mpicomm.RequestView.take_shared`), in the
+        #: order they were started, the same on every rank: messages here have no tags, so
+        #: one call at a time uses it, the first in the queue; a blocking call waits until
+        #: none is left (`drained`)
+        self.queue: deque = deque()
+
+    def _await(self, words: memoryview, i: int, target: int) -> None:
+        """Until words[i] >= target: spinning for a blocking call (which runs only once the
+        queue is empty), else the first request in the queue, the one running here, suspends
+        its body (`RequestView.await_word`)."""
+        if self.queue:
+            self.queue[0].await_word(words, i, target)
+        else:
+            _wait(words, i, target)
+
+    def drained(self) -> None:
+        """Until no request runs or waits on this transport (advancing this thread's): a
+        blocking call, or a collective set-up, may use it then."""
+        if self.queue:
+            requests.engine().alongside(lambda: not self.queue)
 
     def _probe_cma(self) -> cma.Reader | None:
         """Collective: a reader of the other ranks' private memory if every rank can read
@@ -186,10 +208,18 @@ class SharedTransport(CountedMemory):
         self.read = [0] * self.size
 
     def reserve(self, nbytes: int) -> None:
-        """Collective, at the start of a call: scratch for `nbytes` (re-made when too small)."""
+        """Collective, at the start of a call: scratch for `nbytes` (re-made when too small;
+        a request's was made when it started)."""
         self._cursor = 0
         if nbytes > self._arena:
+            if self.queue:
+                raise RuntimeError(f"shared arena of {self._arena} bytes: a request needs {nbytes}, "
+                                   "not reserved when it started (Algorithm.scratch)")
             self._grow(max(nbytes, 2 * self._arena))
+
+    @property
+    def arena(self) -> int:
+        return self._arena
 
     def shared_empty(self, n: int, dtype: Any) -> np.ndarray:
         """Collective: an array of n elements in a new shared segment of this rank, which
@@ -306,7 +336,7 @@ class SharedTransport(CountedMemory):
         or its address in the sender's private memory (an int: read it with `_read_across`)."""
         ctl, at = self.ctl[source], self.rank * WORDS
         if ctl[at + SENT] <= self.read[source]:
-            _wait(ctl, at + SENT, self.read[source] + 1)
+            self._await(ctl, at + SENT, self.read[source] + 1)
         seg, off, nbytes = ctl[at + SEG], ctl[at + OFF], ctl[at + LEN]
         if nbytes != like.nbytes:
             raise RuntimeError(f"rank {source} sent {nbytes} bytes to rank {self.rank}, which expected "
@@ -369,7 +399,7 @@ class SharedTransport(CountedMemory):
         """Wait until `dest` has read what was published to it (the block may change after)."""
         ctl, i = self.ctl[dest], self.rank * WORDS + ACKED
         if ctl[i] < self.sent[dest]:
-            _wait(ctl, i, self.sent[dest])
+            self._await(ctl, i, self.sent[dest])
 
     def sendrecv(self, sendbuf: Any, dest: int | None, recvbuf: Any, source: int | None) -> None:
         self.counters.calls += 1
@@ -429,9 +459,6 @@ class SharedTransport(CountedMemory):
         self._landing = None
 
 
-_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
-
-
 def _round(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
@@ -443,4 +470,6 @@ def _wait(words: memoryview, i: int, target: int) -> None:
     while words[i] < target:
         spins += 1
         if spins > SPINS:
-            _yield() if spins < 100 * SPINS else time.sleep(50e-6)
+            requests.yield_core() if spins < 100 * SPINS else time.sleep(50e-6)
+            if requests.ACTIVE:       # (MPI's progress rule: the requests of this thread move meanwhile)
+                requests.progress()

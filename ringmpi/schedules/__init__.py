@@ -51,6 +51,17 @@ class Algorithm:
     #: what it can in 16 bits (the ring: its all-gather); every other body gets the call
     #: widened whole
     mixed: bool = False
+    #: arena(p, call, itemsize): the bytes of the host's shared arena the body reserves (the
+    #: shared-memory schedules), reserved before a request's body runs (`scratch`)
+    arena: Callable[[int, Call, int], int] | None = None
+
+    def scratch(self, p: int, call: Call) -> int:
+        """The bytes of the shared arena the body takes for `call` (0: none). A request
+        reserves them when it starts, on the caller's thread, in the order of the starts:
+        growing the arena is collective, which a body suspended on another thread cannot be."""
+        if self.arena is None or p == 1:
+            return 0
+        return self.arena(p, call, ACCUMULATOR.itemsize if self.widens(call) else call.itemsize)
 
     def why_not(self, t: Transport) -> str | None:
         return None if self.unavailable is None or t.size == 1 else self.unavailable(t)
@@ -131,10 +142,11 @@ _LOADING = threading.RLock()     # (re-entrant: a module that asks the registry 
 def register(collective: str, name: str, cost: Callable[..., Cost] | None = None,
              tune: Callable[[int, int, int, Profile], dict] | None = None,
              unavailable: Callable[[Transport], str | None] | None = None, *, ordered: bool = False,
-             mixed: bool = False):
+             mixed: bool = False, arena: Callable[[int, Call, int], int] | None = None):
     """Decorator: register `body(t, call)` as algorithm `name` of `collective`."""
     def deco(fn: Callable[[Transport, Call], None]) -> Callable[[Transport, Call], None]:
-        _REGISTRY[(collective, name)] = Algorithm(collective, name, fn, cost, tune, unavailable, ordered, mixed)
+        _REGISTRY[(collective, name)] = Algorithm(collective, name, fn, cost, tune, unavailable, ordered, mixed,
+                                                  arena)
         return fn
     return deco
 

@@ -29,7 +29,9 @@ and parts of 1 MiB lose that (benchmarks/README.md, "Figures behind constants in
 code"). Where blocks of ordinary arrays are read across (from `shm.CMA_MIN`, see there)
 whole blocks do as well or better.
 
-Only for ranks that share one host (`unavailable` otherwise: auto leaves them out).
+Only for ranks that share one host (`unavailable` otherwise: auto leaves them out). Each
+body registers the arena it reserves (`arena`): a request reserves it when it starts, on the
+caller's thread, since growing the arena is collective (`Algorithm.scratch`).
 """
 from __future__ import annotations
 
@@ -57,10 +59,11 @@ def _parts(s, width: int, itemsize: int) -> list[tuple[int, int] | None]:
     return [(lo, lo + step) for lo in range(0, width, step)]
 
 
-def _part_bytes(part: tuple[int, int] | None, width: int, itemsize: int) -> int:
-    """The largest block of a part that may be staged (whole blocks read across stage at
-    most a short block of uneven counts; one the arena cannot hold is read across too)."""
-    return ((part[1] - part[0]) if part is not None else min(width, _step(itemsize))) * itemsize
+def _block_bytes(width: int, itemsize: int) -> int:
+    """The largest block of a part that may be staged: PART bytes, or the whole block where
+    it is smaller (whole blocks read across stage at most a short block of uneven counts;
+    one the arena cannot hold is read across too)."""
+    return min(width, _step(itemsize)) * itemsize
 
 
 def _in_parts(c, p: int, count: int, itemsize: int):
@@ -72,8 +75,6 @@ def _in_parts(c, p: int, count: int, itemsize: int):
 def _one_host(t) -> str | None:
     if t.on_device:
         return "device buffers do not go through the host's shared memory"
-    if t.nonblocking:
-        return "runs blocking calls only (its ranks wait on shared-memory flags by spinning)"
     hosts = len(set(t.nodes))
     return None if hosts == 1 else f"shared memory needs every rank on one host; these ranks are on {hosts}"
 
@@ -99,16 +100,38 @@ def _pipeline_tune(p, count, itemsize, prof) -> dict:
     return _ring._pipeline_tune(p, count, itemsize, replace(prof, alpha=prof.alpha_l, beta=prof.beta_l))
 
 
-@register("allreduce", "ring_shm", _allreduce_cost, unavailable=_one_host)
+# -- the arena each body reserves (the arena from its start at every part: every block of
+# the previous part has been read), registered beside it for requests (`Algorithm.scratch`)
+def _allreduce_arena(p, call, itemsize):
+    """Every block a part publishes, staged."""
+    return 2 * p * (_block_bytes(cdiv(call.count, p), itemsize) + 64) + SLACK
+
+
+def _reduce_scatter_arena(p, call, itemsize):
+    """ring.py's two work blocks and every block it publishes, staged."""
+    return (p + 2) * (_block_bytes(max(call.counts), itemsize) + 64) + SLACK
+
+
+def _allgather_arena(p, call, itemsize):
+    """Every block it publishes, staged."""
+    return p * (_block_bytes(max(call.counts), itemsize) + 64) + SLACK
+
+
+def _broadcast_arena(p, call, itemsize):
+    """The whole buffer, or every segment this rank sends staged (64-byte aligned)."""
+    segments = len(_ring.segment_counts(call.count, call.param("segments", 1)))
+    return call.count * itemsize + 64 * segments + SLACK
+
+
+@register("allreduce", "ring_shm", _allreduce_cost, unavailable=_one_host, arena=_allreduce_arena)
 def allreduce(t, call):
     """ring.py's all-reduce into the user's buffer, part after part."""
     s, p = t.shared(), t.size
     width = cdiv(call.count, p)
     off = offsets(block_counts(call.count, p))
+    arena = _allreduce_arena(p, call, call.itemsize)
     for part in _parts(s, width, call.itemsize):
-        # every block the part publishes may be staged (the arena from its start: every
-        # block of the previous part has been read)
-        s.reserve(2 * p * (_part_bytes(part, width, call.itemsize) + 64) + SLACK)
+        s.reserve(arena)
         _ring.allreduce_part(s, call, off, part)
 
 
@@ -119,33 +142,32 @@ def _rounds_cost(reduces: bool):
                                                      count, itemsize)
 
 
-@register("reduce_scatter", "ring_shm", _rounds_cost(True), unavailable=_one_host)
+@register("reduce_scatter", "ring_shm", _rounds_cost(True), unavailable=_one_host, arena=_reduce_scatter_arena)
 def reduce_scatter(t, call):
     s, width = t.shared(), max(call.counts)
+    arena = _reduce_scatter_arena(t.size, call, call.itemsize)
     for part in _parts(s, width, call.itemsize):
-        # ring.py's two work blocks and every block it publishes, staged
-        s.reserve((t.size + 2) * (_part_bytes(part, width, call.itemsize) + 64) + SLACK)
+        s.reserve(arena)
         _ring.reduce_scatter_part(s, call, part)
 
 
-@register("allgather", "ring_shm", _rounds_cost(False), unavailable=_one_host)
+@register("allgather", "ring_shm", _rounds_cost(False), unavailable=_one_host, arena=_allgather_arena)
 def allgather(t, call):
     s, r = t.shared(), t.rank
     off = offsets(call.counts)
     if not call.inplace:
         s.copy(call.send, call.recv[off[r]:off[r + 1]])
-    width = max(call.counts)
-    for part in _parts(s, width, call.itemsize):
-        s.reserve(t.size * (_part_bytes(part, width, call.itemsize) + 64) + SLACK)   # every block it publishes
+    arena = _allgather_arena(t.size, call, call.itemsize)
+    for part in _parts(s, max(call.counts), call.itemsize):
+        s.reserve(arena)
         _ring.allgather_phase(s, call.recv, _ring.blocks_of(off, part), r)
 
 
-@register("broadcast", "pipeline_shm", _pipeline_cost, _pipeline_tune, unavailable=_one_host)
+@register("broadcast", "pipeline_shm", _pipeline_cost, _pipeline_tune, unavailable=_one_host,
+          arena=_broadcast_arena)
 def broadcast(t, call):
     s, buf = t.shared(), call.recv
-    # the whole buffer in the arena, or every segment this rank sends staged (64-byte aligned)
-    segments = len(_ring.segment_counts(buf.size, call.param("segments", 1)))
-    s.reserve(buf.size * buf.itemsize + 64 * segments + SLACK)
+    s.reserve(_broadcast_arena(t.size, call, buf.itemsize))
     work = _work(s, buf, buf.size, buf.dtype)
     if work is not buf and t.rank == call.root:
         s.copy(buf, work)

@@ -5,6 +5,7 @@ left in /dev/shm, a freed communicator releasing its segments."""
 from __future__ import annotations
 
 import glob
+import time
 
 import numpy as np
 import pytest
@@ -208,6 +209,59 @@ def test_the_arena_grows_to_a_part_and_nothing_is_left_in_dev_shm(rng):
     assert 2 * P * schedule.PART <= arena < (1 << 21) * 8, arena
     COMM.Barrier()
     assert not glob.glob("/dev/shm/ringmpi-*"), glob.glob("/dev/shm/ringmpi-*")
+
+
+def test_requests_take_the_transport_in_start_order(rng):
+    """ring_shm and pipeline_shm as requests: several in flight, a blocking ring_shm call
+    between them (it waits until the queue is empty), a start whose broadcast needs a larger
+    arena (grown at the start, once the calls before it are done), completed in an order
+    that differs by rank; then one completed by the progress thread while the caller
+    computes. Integer-valued data: every order of summation gives MPI's own result."""
+    from ringmpi import requests, settings
+    xs = [rng.integers(-50, 50, n).astype(np.float64) for n in (10, 1000, 70_000, 7)]
+    refs = [np.empty_like(x) for x in xs]
+    for x, ref in zip(xs, refs):
+        COMM.Allreduce(x, ref)
+    big = rng.integers(-50, 50, 3 << 17).astype(np.float64)      # (3 MiB: parts, several rounds each)
+    big_ref = np.empty_like(big)
+    COMM.Allreduce(big, big_ref)
+    grow = group().shared_memory().arena // 8 + 1000        # (the same on every rank)
+    b = np.arange(grow, dtype=np.float64) * (R == 0)
+    reqs = [ringmpi.iallreduce(xs[0], algorithm="ring_shm"), ringmpi.iallreduce(xs[1], algorithm="ring_shm")]
+    between = ringmpi.allreduce(xs[3], algorithm="ring_shm")
+    reqs += [ringmpi.ibroadcast(b, 0, algorithm="pipeline_shm"), ringmpi.iallreduce(xs[2], algorithm="ring_shm"),
+             ringmpi.iallreduce(xs[0], algorithm="ring")]
+    outs = ringmpi.waitall(reqs[::-1] if R % 2 else reqs)
+    outs = outs[::-1] if R % 2 else outs
+    assert group().shared_memory().arena >= grow * 8
+    assert np.array_equal(between, refs[3])
+    for got, ref in zip([outs[0], outs[1], outs[3], outs[4]], [refs[0], refs[1], refs[2], refs[0]]):
+        assert np.array_equal(got, ref)
+    assert np.array_equal(outs[2], np.arange(grow, dtype=np.float64))
+    assert not group().shared_memory().queue
+    settings.reload({"RINGMPI_PROGRESS": "thread"})
+    try:
+        q = ringmpi.iallreduce(xs[2], algorithm="ring_shm")
+        a = np.random.default_rng(R).standard_normal((300, 300))
+        deadline = time.monotonic() + 60
+        while not q.done and time.monotonic() < deadline:
+            a = np.tanh(a @ a.T / 300)
+        done = q.done
+        assert np.array_equal(q.wait(), refs[2])
+        if group().wire:
+            assert COMM.allreduce(done, op=MPI.LAND), "the progress thread did not complete the request meanwhile"
+        # a request begun on this thread (test()) that the progress thread's next one waits
+        # behind: waiting for the second keeps the first moving
+        time.sleep(0.02 * (R % 2))
+        first = ringmpi.iallreduce(big, algorithm="ring_shm")
+        first.test()
+        second = ringmpi.iallreduce(xs[2], algorithm="ring_shm")
+        time.sleep(0.05)
+        assert np.array_equal(second.wait(), refs[2])
+        assert np.array_equal(first.wait(), big_ref)
+    finally:
+        settings.reload({})
+    assert not requests.ACTIVE
 
 
 def test_a_freed_communicator_releases_its_segments():
