@@ -33,9 +33,8 @@ import os
 import secrets
 import time
 import weakref
-from typing import Any, Sequence
-
 from collections import deque
+from typing import Any, Sequence
 
 import numpy as np
 
