@@ -54,6 +54,7 @@ from .device import DeviceGroup, Support
 from .errors import RankFailure, RingmpiError, RingmpiUsageError
 from .ops import OPS, canonical, op_name, wire
 from .settings import log, settings
+from .shm import SPINS
 from .transport import IN_PLACE, LRU, CountedMemory, Counters, PrivateMemory, ReceiveThenReduce, split_nodes
 
 __all__ = ["MPI", "MPITransport", "shrink", "fault_tolerant", "RequestView", "transport", "world_position", "abort_on_exception", "selection_default", "library_version", "mpi_standard", "mpi4py_version", "INT_MAX", "cuda_support"]
@@ -819,10 +820,8 @@ class RequestView(_Wire):
         kept for `ready`, which raises it (the engine delivers it into the body). A test
         (shared memory) is polled a while, then the core yielded: the engine tests again."""
         if self.until is not None:
-            for _ in range(_SPINS):
-                if self.until():
-                    return
-            requests.yield_core()
+            if not _polled(self.until):
+                requests.yield_core()
             return
         try:
             MPI.Request.Waitall(self.pending)
@@ -862,12 +861,8 @@ class RequestView(_Wire):
         self._await_until(lambda: words[i] >= target)
 
     def _await_until(self, test: Callable[[], bool]) -> None:
-        if test():
+        if test() or not requests.on_progress_thread() and _polled(test):
             return
-        if not requests.on_progress_thread():
-            for _ in range(_SPINS):
-                if test():
-                    return
         self.until, self.pending = test, _UNTIL
         try:
             self.suspend()
@@ -882,11 +877,19 @@ class RequestView(_Wire):
         return self.group.profile
 
 
+def _polled(test: Callable[[], bool]) -> bool:
+    """Whether `test()` (a peer's flag in shared memory) came true within as many polls as a
+    blocking call spins before it yields the core (`shm.SPINS`)."""
+    for _ in range(SPINS):
+        if test():
+            return True
+    return False
+
+
 _ELEMENTWISE = ("Allreduce", "Reduce", "Bcast")
 _CUT = frozenset({"allreduce", "reduce", "broadcast"})   # the collectives whose own call is one of those
 _ABANDONED: list = []   # (MPI requests, scratch) of request rounds that failed (`RequestView._await`)
 _UNTIL = [None]         # a request's `pending` while it waits for a test, not for MPI requests
-_SPINS = 200            # polls of such a test before the body suspends (`shm.SPINS`)
 _ERROR_CLASSES = {getattr(MPI, n): f"MPI_{n}" for n in sorted(dir(MPI), reverse=True)
                   if n.startswith("ERR_") and isinstance(getattr(MPI, n), int) and n != "ERR_LASTCODE"}
 
