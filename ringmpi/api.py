@@ -157,6 +157,8 @@ def fault_tolerant() -> bool:
 def flat_view(buf: np.ndarray, canonical: np.dtype) -> np.ndarray:
     """A checked host array as ringmpi sends it: flat, a plain ndarray (subclasses such as
     np.matrix viewed as one), in its canonical dtype."""
+    if type(buf) is np.ndarray and buf.ndim == 1 and buf.dtype.char == canonical.char:
+        return buf   # (already one: a view of it would cost a nonblocking call's restart a third)
     flat = buf.reshape(-1) if type(buf) is np.ndarray else buf.view(np.ndarray).reshape(-1)
     return flat if buf.dtype.char == canonical.char else flat.view(canonical)
 
@@ -371,20 +373,25 @@ def request(spec: Any, comm: Any, algorithm: Any, args: dict, persistent: bool =
     return kept.start().request
 
 
-def restart(spec: Any, kept: Any, args: dict) -> Any:
+def restart_same(spec: Any, kept: Any, send: Any, recv: Any) -> Any:
     """A nonblocking call on the very arrays of an earlier one (`collectives._RequestMemo`):
-    its persistent request started again, after the spec's `again` (what can change about
-    the same array objects), or `prepare` where the spec has none, checked these arguments
-    afresh (nothing else is redone: the algorithm, tunables and transport are the earlier
-    call's); None where anything about them differs (the caller takes the full path)."""
+    its persistent request started again once the spec's `again` checked what can change
+    about the same array objects (a quarter of `prepare`'s cost; nothing else is redone:
+    the algorithm, tunables and transport are the earlier call's); None where the spec has
+    no `again` or the arrays changed (then `restart`)."""
     bound = kept.bound
-    send, recv = args[spec.send_arg], args.get(spec.recv_arg) if spec.recv_arg else None
-    # the very arrays the call was bound to (the memo's identity check): what `again` checks
-    # of them is all that can have changed (a quarter of `prepare`'s cost)
-    call = spec.again(bound.stripped, send.dtype, bound.canonical, send, recv) if recv is not None else None
-    if call is not None:
-        bound.call, bound.result = call, recv
-        return kept.start().request
+    call = spec.again(bound.stripped, send.dtype, bound.canonical, send, recv)
+    if call is None:
+        return None
+    bound.call, bound.result = call, recv
+    return kept.start().request
+
+
+def restart(spec: Any, kept: Any, args: dict) -> Any:
+    """`restart_same` by way of `prepare`: these arguments checked afresh, the earlier call's
+    persistent request started again where the call has the same shape; None otherwise
+    (the caller takes the full path)."""
+    bound = kept.bound
     try:
         call, result = spec.prepare(Edge(f"i{spec.name}", bound.t), **args)
     except RingmpiUsageError:
@@ -399,7 +406,7 @@ class _Bound:
     """One request's call bound to its transport: what each start runs (`launch`). A
     persistent request keeps its buffers; a nonblocking call's (`Persistent.transient`)
     hands them to its request at the start, which lets go of them when complete, so that
-    the memo keeping it for the next call on the same arrays (`restart`) keeps no user
+    the memo keeping it for the next call on the same arrays (`restart_same`) keeps no user
     array alive."""
     __slots__ = ("t", "view", "dev", "alg", "call", "result", "name", "on_done", "thread", "native", "params",
                  "shape", "launched", "stripped", "canonical", "arena")
@@ -410,7 +417,7 @@ class _Bound:
         self.name, self.on_done, self.params = view.label, on_done, call.params
         # (the memo compares the given tunables: the shape leaves them out, `params` has them tuned)
         self.shape = (call.count, call.dtype, call.op, call.root, call.counts, call.inplace)
-        self.stripped, self.canonical = call._replace(send=None, recv=None), call.dtype   # (for `restart`)
+        self.stripped, self.canonical = call._replace(send=None, recv=None), call.dtype   # (for `restart_same`)
         self.native = dev is None and _one_library_call(t, call.collective, alg, call)
         # MPI matches its own collectives by the order they are called in, not by tags: a
         # body that calls one (MPI's own on device buffers, staged; in pieces; NaN-keyed

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import inspect
 import weakref
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from . import specs
-from .api import CACHE, PLANS, Edge, Memo, call_plan, execute, flat_view, group, label, request, restart, send_recv_plan
+from .api import (CACHE, PLANS, Edge, Memo, call_plan, execute, flat_view, group, label, request, restart,
+                  restart_same, send_recv_plan)
 from .requests import Persistent, Request, progress, testall, waitall
 from .call import Call, block_counts, offsets
 from .specs import arithmetic
@@ -537,16 +539,19 @@ def _as_request(blocking: Any, spec: Collective, persistent: bool) -> Any:
     memo = _RequestMemo(spec)
 
     def call(*args: Any, **kwargs: Any) -> Any:
+        kept = None if persistent else memo.find(args, kwargs)
+        if kept is not None:
+            out = restart_same(spec, *kept)
+            if out is not None:
+                return out
         given = parameters.bind(f"ringmpi.{name}", args, kwargs)
         comm, algorithm = given.pop("comm"), given.pop("algorithm")
         if persistent:
             return request(spec, comm, algorithm, given, True)
-        kept = memo.find(given, comm, algorithm)
-        out = restart(spec, kept, given) if kept is not None else None
-        if out is not None:
-            return out
-        out = request(spec, comm, algorithm, given)
-        memo.keep(given, comm, algorithm, out.source)
+        out = restart(spec, kept[0], given) if kept is not None else None
+        if out is None:
+            out = request(spec, comm, algorithm, given)
+            memo.keep(args, kwargs, given, comm, out.source)
         return out
     call.__name__ = call.__qualname__ = name
     call.__signature__ = sig.replace(return_annotation="ringmpi.Persistent" if persistent else "ringmpi.Request")
@@ -562,55 +567,65 @@ def _as_request(blocking: Any, spec: Collective, persistent: bool) -> Any:
     return call
 
 
+@dataclass(eq=False, slots=True)
+class _Kept:
+    """A nonblocking call kept by `_RequestMemo`: its arrays (weakly: the memo keeps no user
+    array alive), the other arguments (strongly, so that no other object takes their ids),
+    what else it checks, and the persistent request that began the call."""
+    send: weakref.ref
+    recv: weakref.ref
+    held: tuple
+    dtypes: tuple
+    generation: int
+    bound: Persistent
+
+
 class _RequestMemo:
     """A nonblocking function's recent calls, for the next ones on the very same arrays (a
     training loop's buckets, every step): the persistent request that began each, started
     again (its checks, algorithm, tunables, scratch and transport kept) once its last call
-    was waited for. Only where the call has a result buffer of its own (in place, or one
-    given: a new result array each call cannot be kept) on host arrays; weak references,
-    by the arrays' ids, the 32 most recent."""
+    was waited for. Found by the identity of the call's arguments as passed (ids, and the
+    keywords' names), before any binding: an array still alive is the object with its id,
+    and the other arguments are held. Only where the call has a result buffer of its own (in
+    place, or one given: a new result array each call cannot be kept) on host arrays, and
+    the other arguments cannot change in place (strings, numbers, None, the communicator);
+    the 32 made last."""
     __slots__ = ("spec", "calls")
 
     def __init__(self, spec: Collective) -> None:
         self.spec = spec
-        self.calls: LRU = LRU(32)
+        self.calls: LRU = LRU(32, refresh=False)   # (a loop over more buckets misses either way)
 
-    def _buffers(self, given: dict) -> tuple:
+    @staticmethod
+    def _key(args: tuple, kwargs: dict) -> tuple:
+        return (*map(id, args), *kwargs, *map(id, kwargs.values())) if kwargs else tuple(map(id, args))
+
+    def find(self, args: tuple, kwargs: dict) -> tuple | None:
+        """The persistent request of the call kept for these very arguments, ready to start
+        again, and the call's arrays (send, recv); or None."""
+        kept = self.calls.get(self._key(args, kwargs))
+        if kept is None or kept.generation != CACHE.generation:
+            return None
+        last = kept.bound.request
+        send, recv = kept.send(), kept.recv()
+        if last is not None and not last.waited or send is None or recv is None or \
+                (send.dtype, recv.dtype) != kept.dtypes:
+            return None
+        return kept.bound, send, recv
+
+    def keep(self, args: tuple, kwargs: dict, given: dict, comm: Any, bound: Any) -> None:
         spec = self.spec
         send = given[spec.send_arg]
-        return send, given.get(spec.recv_arg) if spec.recv_arg else send     # (broadcast: in place)
-
-    def _others(self, given: dict) -> tuple:
-        spec = self.spec
-        return tuple(v for k, v in given.items() if k != spec.send_arg and k != spec.recv_arg)
-
-    def find(self, given: dict, comm: Any, algorithm: Any) -> Any:
-        """The persistent request of an earlier call with these very arrays and arguments,
-        ready to start again, or None."""
-        send, recv = self._buffers(given)
-        kept = self.calls.get((id(send), id(recv), id(comm), algorithm))
-        if kept is None:
-            return None
-        sref, rref, extra, dtypes, generation, bound = kept
-        last = bound.request
-        if (last is None or last.waited) and generation == CACHE.generation and sref() is send and \
-                rref() is recv and (send.dtype, recv.dtype) == dtypes and recv.flags.writeable and \
-                self._others(given) == extra:
-            return bound
-        return None
-
-    def keep(self, given: dict, comm: Any, algorithm: Any, bound: Any) -> None:
-        send, recv = self._buffers(given)
-        others = self._others(given)
+        recv = given.get(spec.recv_arg) if spec.recv_arg else send     # (broadcast: in place)
+        held = tuple(v for v in (*args, *kwargs.values()) if v is not send and v is not recv)
         if bound is None or not isinstance(send, np.ndarray) or not isinstance(recv, np.ndarray) or \
-                not all(type(v) in (str, int, bool, type(None)) for v in others):
+                not all(type(v) in (str, int, bool, type(None)) for v in held if v is not comm):
             return
         try:
             refs = weakref.ref(send), weakref.ref(recv)
         except TypeError:
             return
-        self.calls.put((id(send), id(recv), id(comm), algorithm),
-                       (*refs, others, (send.dtype, recv.dtype), CACHE.generation, bound))
+        self.calls.put(self._key(args, kwargs), _Kept(*refs, held, (send.dtype, recv.dtype), CACHE.generation, bound))
 
 
 def shift(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, offset: int = 1,

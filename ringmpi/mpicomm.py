@@ -751,8 +751,9 @@ class RequestView(_Wire):
         g.seq += 1
         self.seq, self.tag, self.label = g.seq, _tag(g.seq, label, g._tags), label
         if self.pool is None:
-            self.pool = g.take_pool()
-        self.pool.reset()
+            self.pool = g.take_pool()   # (reset)
+        else:
+            self.pool.reset()
 
     def close(self) -> None:
         """The call is complete: its scratch goes back to the communicator for the next

@@ -52,7 +52,7 @@ __all__ = ["Request", "Persistent", "waitall", "testall", "progress", "on_progre
            "Engine", "ACTIVE"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Request:
     """One collective call in flight (or completed, until waited for).
 
@@ -239,7 +239,8 @@ class Engine:
             self.active[req] = None
             if thread:
                 self._ensure_thread()
-                self.wake.notify()
+                if self.asleep:
+                    self.wake.notify()
                 return req
         self._step(req)
         return req

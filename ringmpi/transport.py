@@ -239,6 +239,9 @@ def split_nodes(t: Any, nodes: Sequence[int]) -> tuple[SubGroup, SubGroup | None
     return SubGroup(t, mine), cross
 
 
+_ABSENT = object()
+
+
 class LRU(OrderedDict):
     """A dict that keeps its `maxsize` most recently used entries (per-communicator caches),
     or with `refresh=False` its `maxsize` most recently made ones: where what is dropped must
@@ -250,11 +253,12 @@ class LRU(OrderedDict):
         self.maxsize, self.refresh = maxsize, refresh
 
     def get(self, key: Any, default: Any = None) -> Any:
-        if key in self:
-            if self.refresh:
-                self.move_to_end(key)
-            return self[key]
-        return default
+        value = super().get(key, _ABSENT)
+        if value is _ABSENT:
+            return default
+        if self.refresh:
+            self.move_to_end(key)
+        return value
 
     def put(self, key: Any, value: Any) -> Any:
         self[key] = value

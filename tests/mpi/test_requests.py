@@ -277,6 +277,29 @@ def test_calls_on_the_same_arrays_reuse_the_request_and_stay_correct(rng):
     assert np.array_equal(ringmpi.iallreduce(x, y, algorithm="ring").wait(), ref)
 
 
+def test_the_kept_request_is_found_by_the_very_arguments(rng):
+    """The memo finds a kept call by the identity of the arguments as passed: the buffers
+    swapped, by keyword, another op from the same call site, and a new array that takes a
+    dead one's id each get their own call, and the right result."""
+    x, y = rng.integers(-9, 9, 64).astype(float), np.empty(64)
+    every = np.array(COMM.allgather(x))
+    for op in ("sum", "max", "min", "sum"):
+        want = {"sum": every.sum(0), "max": every.max(0), "min": every.min(0)}[op]
+        for _ in range(2):
+            y[:] = np.nan
+            assert np.array_equal(ringmpi.iallreduce(x, y, op=op).wait(), want), op
+            y[:] = np.nan
+            assert np.array_equal(ringmpi.iallreduce(sendbuf=x, recvbuf=y, op=op).wait(), want), op
+    z = np.empty(64)
+    ringmpi.iallreduce(x, z).wait()
+    z[:] = x + R
+    assert np.array_equal(ringmpi.iallreduce(z, x).wait(), sum(every[r] + r for r in range(P)))
+    for i in range(4):   # a new array each time, often where the last one was
+        a, b = np.full(64, float(i + R)), np.empty(64)
+        assert np.array_equal(ringmpi.iallreduce(a, b).wait(), np.full(64, float(P * i + P * (P - 1) // 2)))
+        del a, b
+
+
 def test_requests_keep_no_user_array_alive():
     """Once waited for (or found complete by test()), a request, the one kept for the next
     call on the same arrays, the engine and its idle workers hold none of the caller's
