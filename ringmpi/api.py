@@ -373,21 +373,22 @@ def request(spec: Any, comm: Any, algorithm: Any, args: dict, persistent: bool =
     return kept.start().request
 
 
-def restart_same(spec: Any, kept: Any, send: Any, recv: Any) -> Any:
-    """A nonblocking call on the very arrays of an earlier one (`collectives._RequestMemo`):
+def restart_same(spec: Any, kept: Any, send: Any, recv: Any, on_done: Callable | None = None) -> Any:
+    """A nonblocking call on the very arrays of an earlier one (`collectives.RequestMemo`):
     its persistent request started again once the spec's `again` checked what can change
     about the same array objects (a quarter of `prepare`'s cost; nothing else is redone:
     the algorithm, tunables and transport are the earlier call's); None where the spec has
-    no `again` or the arrays changed (then `restart`)."""
+    no `again` or the arrays changed (then `restart`). `on_done`: this call's (`request`;
+    a nonblocking call's bind lets go of its last one at the start, with its buffers)."""
     bound = kept.bound
     call = spec.again(bound.stripped, send.dtype, bound.canonical, send, recv)
     if call is None:
         return None
-    bound.call, bound.result = call, recv
+    bound.call, bound.result, bound.on_done = call, recv, on_done
     return kept.start().request
 
 
-def restart(spec: Any, kept: Any, args: dict) -> Any:
+def restart(spec: Any, kept: Any, args: dict, on_done: Callable | None = None) -> Any:
     """`restart_same` by way of `prepare`: these arguments checked afresh, the earlier call's
     persistent request started again where the call has the same shape; None otherwise
     (the caller takes the full path)."""
@@ -399,6 +400,7 @@ def restart(spec: Any, kept: Any, args: dict) -> Any:
     if bound.shape != (call.count, call.dtype, call.op, call.root, call.counts, call.inplace):
         return None
     bound.call, bound.result = call._replace(params=bound.params) if bound.params != call.params else call, result
+    bound.on_done = on_done
     return kept.start().request
 
 
@@ -446,8 +448,9 @@ class _Bound:
             else:                    # (never two calls on one transport: each has its tag and scratch)
                 view = self.view = self.t.request_view(self.name)
         self.launched = True
+        on_done = self.on_done
         if p.transient:
-            self.call = self.result = None
+            self.call = self.result = self.on_done = None
         if self.native:
             view.post(call)
             body = functools.partial(self.finish, view, call, result)
@@ -455,7 +458,7 @@ class _Bound:
             if self.arena:
                 view.take_shared(self.arena)
             body = functools.partial(self.body, view, call, result)
-        req = requests.Request(self.name, view.seq, self.t, view, body, on_done=self.on_done, posted=self.native)
+        req = requests.Request(self.name, view.seq, self.t, view, body, on_done=on_done, posted=self.native)
         return requests.engine().start(req, self.thread)
 
     def body(self, view: Any, call: Call, result: Any) -> Any:

@@ -14,6 +14,7 @@ module in `ringmpi/schedules/`.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import weakref
 from dataclasses import dataclass
@@ -536,23 +537,14 @@ def _as_request(blocking: Any, spec: Collective, persistent: bool) -> Any:
     sig = inspect.signature(blocking)
     name = f"{spec.name}_init" if persistent else f"i{spec.name}"
     parameters = Parameters(blocking)
-    memo = _RequestMemo(spec)
+    memo = RequestMemo(spec)
+    named = functools.partial(parameters.bind, f"ringmpi.{name}")
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        kept = None if persistent else memo.find(args, kwargs)
-        if kept is not None:
-            out = restart_same(spec, *kept)
-            if out is not None:
-                return out
-        given = parameters.bind(f"ringmpi.{name}", args, kwargs)
-        comm, algorithm = given.pop("comm"), given.pop("algorithm")
-        if persistent:
-            return request(spec, comm, algorithm, given, True)
-        out = restart(spec, kept[0], given) if kept is not None else None
-        if out is None:
-            out = request(spec, comm, algorithm, given)
-            memo.keep(args, kwargs, given, comm, out.source)
-        return out
+        if not persistent:
+            return memo.start(args, kwargs, named)
+        given = named(args, kwargs)
+        return request(spec, given.pop("comm"), given.pop("algorithm"), given, True)
     call.__name__ = call.__qualname__ = name
     call.__signature__ = sig.replace(return_annotation="ringmpi.Persistent" if persistent else "ringmpi.Request")
     what = ("Bind the buffers and arguments of `ringmpi.{0}` once, as a persistent request (MPI-4's "
@@ -569,7 +561,7 @@ def _as_request(blocking: Any, spec: Collective, persistent: bool) -> Any:
 
 @dataclass(eq=False, slots=True)
 class _Kept:
-    """A nonblocking call kept by `_RequestMemo`: its arrays (weakly: the memo keeps no user
+    """A nonblocking call kept by `RequestMemo`: its arrays (weakly: the memo keeps no user
     array alive), the other arguments (strongly, so that no other object takes their ids),
     what else it checks, and the persistent request that began the call."""
     send: weakref.ref
@@ -580,7 +572,7 @@ class _Kept:
     bound: Persistent
 
 
-class _RequestMemo:
+class RequestMemo:
     """A nonblocking function's recent calls, for the next ones on the very same arrays (a
     training loop's buckets, every step): the persistent request that began each, started
     again (its checks, algorithm, tunables, scratch and transport kept) once its last call
@@ -612,6 +604,25 @@ class _RequestMemo:
                 (send.dtype, recv.dtype) != kept.dtypes:
             return None
         return kept.bound, send, recv
+
+    def start(self, args: tuple, kwargs: dict, named: Callable[[tuple, dict], dict],
+              on_done: Callable | None = None) -> Request:
+        """Begin the call with these arguments as passed (`named(args, kwargs)`: every one by
+        name, `comm` and `algorithm` included): the kept call's request started again where
+        there is one, else a new one, kept. `on_done` as `api.request`'s (the drop-in's
+        generalized requests: a kept call made with one is started with one)."""
+        kept = self.find(args, kwargs)
+        if kept is not None:
+            out = restart_same(self.spec, *kept, on_done)
+            if out is not None:
+                return out
+        given = named(args, kwargs)
+        comm, algorithm = given.pop("comm"), given.pop("algorithm")
+        out = restart(self.spec, kept[0], given, on_done) if kept is not None else None
+        if out is None:
+            out = request(self.spec, comm, algorithm, given, on_done=on_done)
+            self.keep(args, kwargs, given, comm, out.source)
+        return out
 
     def keep(self, args: tuple, kwargs: dict, given: dict, comm: Any, bound: Any) -> None:
         spec = self.spec

@@ -250,8 +250,35 @@ def test_drop_in_requests_mix_with_mpi4pys_in_waitall(rng):
         assert np.array_equal(full[:2], want), (form, full, want)
 
 
+
+def test_drop_in_calls_on_the_same_arrays_reuse_their_request(rng):
+    """The drop-in's nonblocking calls on the very same arrays start the kept request
+    again (as `ringmpi.iallreduce` does): each call's generalized request is completed by
+    its own call, in MPI.Request.Waitall as in its own Wait; in-place reduce-scatter moves
+    each call's block; a change of op is a call of its own."""
+    comm = ringmpi.Comm(COMM, allreduce="ring")
+    x, y, z = np.empty(100), np.empty(100), np.empty(100)
+    full = np.empty(2 * P)
+    rings = []
+    for i in range(4):
+        x[:] = rng.integers(-9, 9, 100)
+        y[:] = z[:] = np.nan
+        ours = comm.Iallreduce(x, y, op=MPI.SUM if i % 2 else MPI.MAX)
+        theirs = COMM.Iallreduce(x, z, op=MPI.SUM if i % 2 else MPI.MAX)
+        rings.append((i % 2, ours._ring.source))
+        if i < 2:
+            MPI.Request.Waitall([ours, theirs])
+        else:
+            ours.Wait()
+            theirs.Wait()
+        assert np.array_equal(y, z), i
+        full[:] = np.arange(2.0 * P) + R + i
+        comm.Ireduce_scatter_block(MPI.IN_PLACE, full, op=MPI.SUM).Wait()
+        assert np.array_equal(full[:2], sum(np.arange(2.0 * P) + q + i for q in range(P))[2 * R:2 * R + 2]), i
+    assert rings[0][1] is rings[2][1] and rings[1][1] is rings[3][1] and rings[0][1] is not rings[1][1]
+
 def test_calls_on_the_same_arrays_reuse_the_request_and_stay_correct(rng):
-    """A loop of requests on the very same arrays (kept and started again: `_RequestMemo`),
+    """A loop of requests on the very same arrays (kept and started again: `RequestMemo`),
     with the data changing between calls; two in flight on the same send buffer (each with
     its own result: two calls in flight may not write one buffer); a result buffer made
     read-only; in place; a change of op; a broadcast."""
