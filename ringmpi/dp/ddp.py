@@ -210,6 +210,27 @@ class DataParallel:
         before it), backward and average, the hook's state restored after, and the buckets
         are rebuilt with the largest cap within `TIE` of the fastest (fewer calls; a step's
         time varies by a few percent from one to the next)."""
+        plan = self._predict(batch, caps_mb)
+        # the model leaves out what a hook does to each bucket (a cast, PowerSGD's two
+        # all-reduces and products) and what the transfers take from the computation beside
+        # them: the caps it predicts fastest are timed as steps, and the fastest kept
+        shortlist, layouts = [], set()
+        for cap in sorted(plan.predicted, key=lambda c: (plan.predicted[c], -c)):
+            layout = tuple(map(tuple, self._make_buckets(cap * 1e6, self.first_bucket_mb * 1e6)))
+            if layout not in layouts and len(shortlist) < (measure or len(caps_mb)):
+                shortlist.append(cap)       # (caps that give the same buckets are timed once)
+                layouts.add(layout)
+        plan.measured = self._time_caps(batch, shortlist)
+        fastest = min(plan.measured.values())
+        plan.cap_mb = max(c for c, v in plan.measured.items() if v <= fastest * (1 + TIE))
+        self._bucketize(plan.cap_mb, self.first_bucket_mb)
+        self.zero_grad()
+        return plan
+
+    def _predict(self, batch, caps_mb: tuple[float, ...]) -> BucketPlan:
+        """`tune_buckets`' model: one backward on `batch` timed gradient by gradient (piece by
+        piece), the all-reduce's a + b n, and each cap's overlapped step predicted from them
+        (the slowest rank's)."""
         reports: list[tuple[str, int, int, float]] = []    # parameter, first row, rows, when final
         begun = time.perf_counter()
 
@@ -238,20 +259,15 @@ class DataParallel:
                 t_end = max(t_end, max(ready(p) for p in pieces)) + a + b * (hi - lo) * item
             mine.append(max(end, t_end))
         slowest = api.allreduce(np.array(mine), op="max", comm=self.comm, algorithm="auto")
-        plan = BucketPlan(backward=float(slowest[0]), alpha=a, beta=b,
+        return BucketPlan(backward=float(slowest[0]), alpha=a, beta=b,
                           predicted={c: float(v) for c, v in zip(caps_mb, slowest[1:])})
-        # the model leaves out what a hook does to each bucket (a cast, PowerSGD's two
-        # all-reduces and products) and what the transfers take from the computation beside
-        # them: the caps it predicts fastest are timed as steps, and the fastest kept
-        shortlist, layouts = [], set()
-        for cap in sorted(plan.predicted, key=lambda c: (plan.predicted[c], -c)):
-            layout = tuple(map(tuple, self._make_buckets(cap * 1e6, self.first_bucket_mb * 1e6)))
-            if layout not in layouts and len(shortlist) < (measure or len(caps_mb)):
-                shortlist.append(cap)       # (caps that give the same buckets are timed once)
-                layouts.add(layout)
-        saved = copy.deepcopy(self.hook_state)    # (the timed steps leave the hook's state as it was)
+
+    def _time_caps(self, batch, caps_mb: list[float]) -> dict[float, float]:
+        """Each cap's overlapped step on `batch` (backward and average; the fastest of the
+        last three of four, the slowest rank's), the hook's state as it was after."""
+        saved = copy.deepcopy(self.hook_state)
         mine = []
-        for cap in shortlist:
+        for cap in caps_mb:
             self._bucketize(cap, self.first_bucket_mb)
             runs = []
             for _ in range(4):      # (the fastest of the last three: this cap's step, not the VM's noise)
@@ -263,12 +279,7 @@ class DataParallel:
             mine.append(min(runs[1:]))
         _restore(self.hook_state, saved)
         slowest = api.allreduce(np.array(mine), op="max", comm=self.comm, algorithm="auto")
-        plan.measured = {c: float(v) for c, v in zip(shortlist, slowest)}
-        fastest = min(plan.measured.values())
-        plan.cap_mb = max(c for c, v in plan.measured.items() if v <= fastest * (1 + TIE))
-        self._bucketize(plan.cap_mb, self.first_bucket_mb)
-        self.zero_grad()
-        return plan
+        return {c: float(v) for c, v in zip(caps_mb, slowest)}
 
     def _link(self, small: int = 1 << 18, large: int = 1 << 22, reps: int = 5) -> tuple[float, float]:
         """(a, b): this communicator's all-reduce of n bytes takes a + b n seconds, from
