@@ -8,7 +8,8 @@
 - Open MPI: --oversubscribe (more ranks than cores is the laptop case) and, as root, the two
   variables that allow it; more ranks than cores: the MPI's "yield when idle" knob, so that
   waiting ranks give their core away instead of spinning (Open MPI mpi_yield_when_idle;
-  MPICH MPIR_CVAR_CH4_PROGRESS_THROTTLE and MPIR_CVAR_POLLS_BEFORE_YIELD);
+  MPICH MPIR_CVAR_CH4_PROGRESS_THROTTLE and MPIR_CVAR_POLLS_BEFORE_YIELD); TCP messages
+  between hosts up to TCP_EAGER_LIMIT sent eagerly, unless the user set the limit;
 - one BLAS/OpenMP thread per rank (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, MKL_NUM_THREADS)
   unless already set: N ranks x N threads on N cores is the slowest way to run;
 - the environment of an enclosing MPI job (PMI_*, PMIX_*, OMPI_COMM_*, HYDRA_*) is dropped,
@@ -109,6 +110,13 @@ def is_open_mpi(cmd: list[str]) -> bool:
 #: job never ending (over TCP); MPI's own failure detector (a heartbeat around the ring of
 #: ranks) is what turns a dead peer into MPI_ERR_PROC_FAILED at every survivor within about
 #: a period, and lets the job end when its program does.
+#: Open MPI's TCP messages up to this many bytes go eagerly, without rendezvous (its default
+#: is 64 KiB). A rendezvous needs the receiver's progress to answer before the data moves: a
+#: request's transfer beside computation then waits for the progress threads of both hosts,
+#: and the gradients of overlapped training reached the link late (benchmarks/README.md,
+#: "Eager TCP messages"). Set where the user has not set it (OMPI_MCA_btl_tcp_eager_limit,
+#: or `--mca btl_tcp_eager_limit` in --mpi-args).
+TCP_EAGER_LIMIT = 4 << 20
 ULFM_FLAGS = ("--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true",
               "--mca", "mpi_ft_detector_period", "0.5", "--mca", "mpi_ft_detector_timeout", "2")
 
@@ -130,6 +138,8 @@ def mpirun_command(n: int, argv: list[str], extra: list[str] | None = None, host
         flags = ["--oversubscribe", *flags]
         if n > (os.cpu_count() or n):
             flags += ["--mca", "mpi_yield_when_idle", "1"]
+        if "OMPI_MCA_btl_tcp_eager_limit" not in os.environ and "btl_tcp_eager_limit" not in (extra or []):
+            flags += ["--mca", "btl_tcp_eager_limit", str(TCP_EAGER_LIMIT)]
         if fault_tolerant:
             flags += ULFM_FLAGS
     if hosts:

@@ -120,6 +120,22 @@ def test_hosts_are_spelled_for_the_launcher(tmp_path, monkeypatch):
     assert launch.mpirun_command(2, ["prog"], hosts="a:1,b:1") == ["mpiexec", "-n", "2", "-hosts", "a:1,b:1", "prog"]
 
 
+def test_open_mpis_tcp_messages_go_eagerly_unless_the_user_says(monkeypatch):
+    from ringmpi.tools import launch
+    monkeypatch.setenv("MPIRUN", "mpirun")
+    monkeypatch.delenv("OMPI_MCA_btl_tcp_eager_limit", raising=False)
+    monkeypatch.setattr(launch, "is_open_mpi", lambda cmd: True)
+    cmd = launch.mpirun_command(2, ["prog"])
+    assert cmd[cmd.index("btl_tcp_eager_limit") + 1] == str(launch.TCP_EAGER_LIMIT)
+    mine = ["--mca", "btl_tcp_eager_limit", "65536"]
+    assert launch.mpirun_command(2, ["prog"], extra=mine).count("btl_tcp_eager_limit") == 1
+    monkeypatch.setenv("OMPI_MCA_btl_tcp_eager_limit", "65536")
+    assert "btl_tcp_eager_limit" not in launch.mpirun_command(2, ["prog"])
+    monkeypatch.setattr(launch, "is_open_mpi", lambda cmd: False)
+    monkeypatch.delenv("OMPI_MCA_btl_tcp_eager_limit")
+    assert "btl_tcp_eager_limit" not in launch.mpirun_command(2, ["prog"])
+
+
 def test_sim_accuracy_takes_the_workers_given():
     """`--workers 8` is the ranks asked for, not the default list of the study."""
     proc = ringmpi(["sim", "accuracy", "--workers", "8", "--count", "64"])
