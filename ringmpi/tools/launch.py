@@ -116,7 +116,7 @@ def is_open_mpi(cmd: list[str]) -> bool:
 #: and the gradients of overlapped training reached the link late (benchmarks/README.md,
 #: "Eager TCP messages"). Set where the user has not set it (OMPI_MCA_btl_tcp_eager_limit,
 #: or `--mca btl_tcp_eager_limit` in --mpi-args).
-TCP_EAGER_LIMIT = 4 << 20
+TCP_EAGER_LIMIT = 16 << 20
 ULFM_FLAGS = ("--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true",
               "--mca", "mpi_ft_detector_period", "0.5", "--mca", "mpi_ft_detector_timeout", "2")
 
