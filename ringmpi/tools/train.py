@@ -8,6 +8,7 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -147,10 +148,12 @@ _WAIT_ON_SHARED_MEMORY = ("auto", "ring_shm", "hierarchical", "hierarchical_onew
 
 
 class _Steps:
-    """How far this rank's training got: `done` steps complete (their update applied)."""
+    """How far this rank's training got: `done` steps complete (their update applied), and
+    when the first of them ended (`first`, perf_counter; 0: none yet)."""
 
     def __init__(self, done: int) -> None:
         self.done = done
+        self.first = 0.0
 
 
 def _go_on(ns, ddp, opt, steps: _Steps, show: _Progress):
@@ -212,6 +215,7 @@ def _train(ns, task, kw):
 
     def on_step(s: int, loss: float) -> None:
         steps.done = s + 1
+        steps.first = steps.first or time.perf_counter()
         show(s, loss)
         if saver:
             saver.after(s)
@@ -236,7 +240,19 @@ def _train(ns, task, kw):
     elapsed = time.perf_counter() - t0
     if saver:
         saver.close()
-    return ddp, elapsed, ns.steps - start
+    return ddp, _Timing(elapsed, steps.first - t0 if steps.first else elapsed), ns.steps - start
+
+
+@dataclass(frozen=True)
+class _Timing:
+    """The training loop's seconds (`elapsed`), and of them its first step's (`first`: the
+    first calls of every bucket set their requests, pools and greenlets up)."""
+    elapsed: float
+    first: float
+
+    def steady(self, steps: int) -> float:
+        """Seconds a step after the first, as T1 is timed after a step to warm up."""
+        return (self.elapsed - self.first) / (steps - 1) if steps > 1 else self.elapsed
 
 
 def _compare(ns, t, task, kw, ddp) -> None:
@@ -248,10 +264,11 @@ def _compare(ns, t, task, kw, ddp) -> None:
         print(f"# max |param - MPI_Allreduce-averaged run|  = {max_diff(ddp.params, mpi_ddp.params):.3g}")
 
 
-def _speedup(ns, t, task, kw, ddp, elapsed) -> None:
+def _speedup(ns, t, task, kw, ddp, timing: "_Timing", ran: int) -> None:
     """Measured speedup next to the model's T1/p + T_comm. T1: a whole training step (batch
     gathering, forward, backward, update) on the global batch in one process, timed on
-    rank 0 while the others wait."""
+    rank 0 while the others wait, after one step to warm up; the measured step likewise:
+    the loop's steps after its first."""
     t1 = None
     if t.rank == 0:
         train_single(task, 1, ns.batch, **kw)  # warm-up
@@ -263,9 +280,10 @@ def _speedup(ns, t, task, kw, ddp, elapsed) -> None:
     prof = profile_of(t)
     model = dp_step(t1, t.size, grad_bytes, prof) if t.size > 1 else None
     if t.rank == 0:
-        step = elapsed / ns.steps
+        step = timing.steady(ran)
         print(f"# speedup: T1 = {t1 * 1e3:.2f} ms per global batch on one process; measured step "
-              f"{step * 1e3:.2f} ms -> {t1 / step:.2f}x; model T1/p + T_comm = "
+              f"{step * 1e3:.2f} ms (the first, setting up, {timing.first * 1e3:.0f} ms) -> {t1 / step:.2f}x; "
+              f"model T1/p + T_comm = "
               f"{(model.step if model else t1) * 1e3:.2f} ms -> {(model.speedup if model else 1):.2f}x "
               f"(gradients {grad_bytes / 1e6:.2f} MB, profile '{prof.name}')")
 
@@ -306,7 +324,8 @@ def _run(ns) -> int:
     if t.rank == 0 and not ns.quiet:
         print(f"# ringmpi train: {ns.model}, {t.size} ranks, global batch {ns.batch}, {ns.steps} steps, "
               f"{dtype.name} on {ns.device}, all-reduce algorithm {ns.algorithm}")
-    ddp, elapsed, ran = _train(ns, task, kw)
+    ddp, timing, ran = _train(ns, task, kw)
+    elapsed = timing.elapsed
     t = ddp.t   # the survivors' after a shrink
     digests = t.allgather_obj(params_digest(ddp.params))
     same = len(set(digests)) == 1
@@ -318,7 +337,7 @@ def _run(ns) -> int:
     if ns.compare:
         _compare(ns, t, task, kw, ddp)
     if ns.speedup and ran:
-        _speedup(ns, t, task, kw, ddp, elapsed / ran * ns.steps)
+        _speedup(ns, t, task, kw, ddp, timing, ran)
         if t.size > 1:
             _overlap_report(ns, t, task, kw, ddp.overlap, ddp.bucket_cap_mb)
     if t.rank == 0:   # the last line: runs (an interrupted one and its resumption) compare by it
