@@ -208,8 +208,9 @@ class DataParallel:
         slowest rank's; then the caps are timed as steps, in the order of the prediction
         (the first `measure` of them; None: every cap that gives other buckets than those
         before it), backward and average, the hook's state restored after, and the buckets
-        are rebuilt with the largest cap within `TIE` of the fastest (fewer calls; a step's
-        time varies by a few percent from one to the next)."""
+        are rebuilt with the cap the model predicts fastest among those timed within `TIE` of
+        the fastest (a step's time varies by a few percent from one to the next: the timing
+        cannot tell them apart; the model, which counts each call's fixed cost, can)."""
         plan = self._predict(batch, caps_mb)
         # the model leaves out what a hook does to each bucket (a cast, PowerSGD's two
         # all-reduces and products) and what the transfers take from the computation beside
@@ -222,7 +223,8 @@ class DataParallel:
                 layouts.add(layout)
         plan.measured = self._time_caps(batch, shortlist)
         fastest = min(plan.measured.values())
-        plan.cap_mb = max(c for c, v in plan.measured.items() if v <= fastest * (1 + TIE))
+        plan.cap_mb = min((c for c, v in plan.measured.items() if v <= fastest * (1 + TIE)),
+                          key=lambda c: (plan.predicted[c], -c))
         self._bucketize(plan.cap_mb, self.first_bucket_mb)
         self.zero_grad()
         return plan
@@ -232,6 +234,7 @@ class DataParallel:
         piece), the all-reduce's a + b n, and each cap's overlapped step predicted from them
         (the slowest rank's)."""
         reports: list[tuple[str, int, int, float]] = []    # parameter, first row, rows, when final
+        self._loss_and_grads(batch)   # (a first backward runs 1.5-2x slower: its arrays' pages are new)
         begun = time.perf_counter()
 
         def on_grad(name: str, g, row: int = 0) -> None:
