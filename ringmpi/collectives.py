@@ -560,7 +560,7 @@ def _as_request(blocking: Any, spec: Collective, persistent: bool) -> Any:
 
 
 @dataclass(eq=False, slots=True)
-class _Kept:
+class _KeptCall:
     """A nonblocking call kept by `RequestMemo`: its arrays (weakly: the memo keeps no user
     array alive), the other arguments (strongly, so that no other object takes their ids),
     what else it checks, and the persistent request that began the call."""
@@ -636,7 +636,7 @@ class RequestMemo:
             refs = weakref.ref(send), weakref.ref(recv)
         except TypeError:
             return
-        self.calls.put(self._key(args, kwargs), _Kept(*refs, held, (send.dtype, recv.dtype), CACHE.generation, bound))
+        self.calls.put(self._key(args, kwargs), _KeptCall(*refs, held, (send.dtype, recv.dtype), CACHE.generation, bound))
 
 
 def shift(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, offset: int = 1,

@@ -391,7 +391,7 @@ class Comm(MPI.Intracomm):
     """
     _algorithms: dict[str, str] = {}   # class default: objects mpi4py makes itself (Dup) get "auto"
     _hot: dict | None = None           # Allreduce's hot path: id(recvbuf) -> `_Hot`
-    _kept: dict | None = None          # the nonblocking calls' memos: collective -> `collectives.RequestMemo`
+    _requests: dict | None = None      # the nonblocking calls' memos: collective -> `collectives.RequestMemo`
     _kept: dict | None = None          # method -> the buffer forms it passes to mpi4py as they are (`_Kept`)
     _t: Any = None                     # this communicator's transport
 
@@ -840,12 +840,12 @@ class _Request(MPI.Grequest):
             req.Complete()
         # (a call on the very arrays of an earlier one starts its request again, as
         # ringmpi's own nonblocking functions do: parsed, a plain array is itself)
-        kept = comm._kept
-        if kept is None:
-            kept = comm._kept = {}
-        memo = kept.get(served.collective)
+        memos = comm._requests
+        if memos is None:
+            memos = comm._requests = {}
+        memo = memos.get(served.collective)
         if memo is None:
-            memo = kept[served.collective] = _c.RequestMemo(_c.SPECS[served.collective])
+            memo = memos[served.collective] = _c.RequestMemo(_c.SPECS[served.collective])
         try:
             req._ring = memo.start((), served.args, lambda _, named: {**named, "comm": comm, "algorithm": algorithm},
                                    on_done=done)

@@ -105,11 +105,6 @@ def is_open_mpi(cmd: list[str]) -> bool:
     return "Open MPI" in out or "OpenRTE" in out or "prterun" in out or "PRRTE" in out
 
 
-#: Open MPI 5's ULFM, as it works on one host and over TCP: `--with-ft ulfm` alone leaves the
-#: survivors of a killed rank waiting forever in their collective (over shared memory) or the
-#: job never ending (over TCP); MPI's own failure detector (a heartbeat around the ring of
-#: ranks) is what turns a dead peer into MPI_ERR_PROC_FAILED at every survivor within about
-#: a period, and lets the job end when its program does.
 #: Open MPI's TCP messages up to this many bytes go eagerly, without rendezvous (its default
 #: is 64 KiB). A rendezvous needs the receiver's progress to answer before the data moves: a
 #: request's transfer beside computation then waits for the progress threads of both hosts,
@@ -117,6 +112,11 @@ def is_open_mpi(cmd: list[str]) -> bool:
 #: "Eager TCP messages"). Set where the user has not set it (OMPI_MCA_btl_tcp_eager_limit,
 #: or `--mca btl_tcp_eager_limit` in --mpi-args).
 TCP_EAGER_LIMIT = 16 << 20
+#: Open MPI 5's ULFM, as it works on one host and over TCP: `--with-ft ulfm` alone leaves the
+#: survivors of a killed rank waiting forever in their collective (over shared memory) or the
+#: job never ending (over TCP); MPI's own failure detector (a heartbeat around the ring of
+#: ranks) is what turns a dead peer into MPI_ERR_PROC_FAILED at every survivor within about
+#: a period, and lets the job end when its program does.
 ULFM_FLAGS = ("--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true",
               "--mca", "mpi_ft_detector_period", "0.5", "--mca", "mpi_ft_detector_timeout", "2")
 
