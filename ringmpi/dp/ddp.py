@@ -485,6 +485,11 @@ class DataParallel:
                                "on some ranks; pass find_unused_parameters=True if that is expected")
         scale = 1.0 / scalars[1] if self.weighting == "global" else 1.0 / p
         got = dict(zip(names, present))
+        if self.hook is not None:   # every bucket a hook has not begun, begun now: each one's casts
+            for i, b in enumerate(self.buckets):   # and products run while the earlier ones travel
+                if b.request is None:
+                    self._pack(b)
+                    b.request = self._communicate(i, b, blocking=False)
         for i, b in enumerate(self.buckets):   # (begun during backward: waited for; the others: now)
             if b.request is not None:
                 summed = b.request.wait()

@@ -114,6 +114,16 @@ def time_overlap(task: Task, batch: int, seed: int, replica: Callable[[bool], Da
         _, grads, _ = alone.loss_and_grads(data)
         alone_opt.step(alone.params, grads)
 
+    def gradient_sums() -> DataParallel:
+        """A replica holding this step's gradient sums, not yet averaged: what a step's
+        all-reduces carry (averaged ones are ~1/batch of them, and float16 converts values
+        below its normal range many times slower)."""
+        ddp = replicas[False]
+        ddp.zero_grad()
+        with ddp.no_sync():
+            ddp.backward(data)
+        return ddp
+
     for s in range(rounds + 1):
         data = task.take(task.data, local_batch(task, s, batch, seed, t.size, t.rank))
         # the two modes in turn first: the first step of a round ran 1-3 ms slower on one
@@ -121,7 +131,7 @@ def time_overlap(task: Task, batch: int, seed: int, replica: Callable[[bool], Da
         for o in ((True, False) if s % 2 == 0 else (False, True)):
             timed("overlapped" if o else "blocking", lambda o=o: replicas[o].step(opts[o], data))
         timed("compute", compute)
-        timed("communication", replicas[False].average_gradients)
+        timed("communication", gradient_sums().average_gradients)
         if s == 0:
             for v in times.values():
                 v.clear()
