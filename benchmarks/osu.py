@@ -5,10 +5,13 @@
 
 For every size (powers of two from 1 B) and collective (Allgather in place, Bcast,
 Alltoall, Allreduce in place), each round times a loop of the call through
-`ringmpi.Comm(MPI.COMM_WORLD)` and through plain `MPI.COMM_WORLD`, in a shuffled order (the
-same on every rank); each loop's time per call is the slowest rank's. Printed per size: the
-medians and the ratio (median over rounds of drop-in / plain); then per collective the
-median ratio over sizes up to 1 KiB and above.
+`ringmpi.Comm(MPI.COMM_WORLD)` and through plain `MPI.COMM_WORLD`, in that style and on bare
+numpy arrays of the same size (the form the drop-in was first made fast for), the four loops
+in a shuffled order (the same on every rank); each loop's time per call is the slowest
+rank's. Printed per size: the medians, the ratio (median over rounds of drop-in / plain)
+and what the drop-in adds to plain mpi4py's call (median over rounds of the difference),
+in each form; then per collective the medians over sizes up to 1 KiB and above: the goal is
+that the drop-in costs the same over plain mpi4py in either form.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import random
 import statistics
 import time
 
+import numpy as np
 from mpi4py import MPI
 
 import ringmpi
@@ -36,45 +40,65 @@ def main() -> None:
     top = parse_size(ns.max)
     buf = mmap.mmap(-1, top * p)
     other = mmap.mmap(-1, top * p)
-    calls = {
+    views = {}   # size -> arrays of their own (made once: a slice each call would cost more than the call)
+    demo = {
         "Allgather": lambda c, n: c.Allgather(MPI.IN_PLACE, [buf, n, MPI.BYTE]),
         "Bcast": lambda c, n: c.Bcast([buf, n, MPI.BYTE], root=0),
         "Alltoall": lambda c, n: c.Alltoall([buf, n, MPI.BYTE], [other, n, MPI.BYTE]),
         "Allreduce": lambda c, n: c.Allreduce(MPI.IN_PLACE, [buf, n, MPI.BYTE], op=MPI.BOR),
     }
+    bare = {
+        "Allgather": lambda c, n: c.Allgather(MPI.IN_PLACE, views[n][1]),
+        "Bcast": lambda c, n: c.Bcast(views[n][0], root=0),
+        "Alltoall": lambda c, n: c.Alltoall(views[n][1], views[n][2]),
+        "Allreduce": lambda c, n: c.Allreduce(MPI.IN_PLACE, views[n][0], op=MPI.BOR),
+    }
     sizes = []
     n = 1
     while n <= top:
         sizes.append(n)
+        views[n] = np.zeros(n, np.uint8), np.zeros(n * p, np.uint8), np.zeros(n * p, np.uint8)
         n *= 2
-    ratios: dict[str, dict[int, float]] = {name: {} for name in calls}
+    forms = {"[buf, n, BYTE]": demo, "numpy": bare}
+    # per collective and form: size -> (ratio, microseconds the drop-in adds)
+    found: dict[str, dict[str, dict[int, tuple[float, float]]]] = {name: {f: {} for f in forms} for name in demo}
     order = random.Random(3)
-    for name, fn in calls.items():
+    for name in demo:
         for n in sizes:
             reps = max(10, min(ns.calls, ns.calls * 4096 // max(n * p, 4096)))
-            runs: dict[str, list[float]] = {"ringmpi.Comm": [], "mpi4py": []}
+            loops = [(form, who, c) for form in forms for who, c in (("ringmpi.Comm", drop), ("mpi4py", plain))]
+            runs: dict[tuple[str, str], list[float]] = {(form, who): [] for form, who, _ in loops}
             for _ in range(ns.rounds):
-                pair = [("ringmpi.Comm", drop), ("mpi4py", plain)]
-                order.shuffle(pair)
-                for who, c in pair:
+                order.shuffle(loops)
+                for form, who, c in loops:
+                    fn = forms[form][name]
                     for _ in range(min(reps, 20)):
                         fn(c, n)
                     plain.Barrier()
                     t0 = time.perf_counter()
                     for _ in range(reps):
                         fn(c, n)
-                    runs[who].append(plain.allreduce((time.perf_counter() - t0) / reps, op=MPI.MAX))
-            r = statistics.median(a / b for a, b in zip(runs["ringmpi.Comm"], runs["mpi4py"]))
-            ratios[name][n] = r
+                    runs[form, who].append(plain.allreduce((time.perf_counter() - t0) / reps, op=MPI.MAX))
+            line = f"{name:10s} {human_bytes(n):>8s}"
+            for form in forms:
+                d, m = runs[form, "ringmpi.Comm"], runs[form, "mpi4py"]
+                r = statistics.median(a / b for a, b in zip(d, m))
+                extra = statistics.median(a - b for a, b in zip(d, m))
+                found[name][form][n] = r, extra
+                line += (f"   {form}: ringmpi.Comm {statistics.median(d) * 1e6:7.2f} us  mpi4py "
+                         f"{statistics.median(m) * 1e6:7.2f} us  {r:5.2f}x  {extra * 1e6:+6.2f} us")
             if plain.rank == 0:
-                print(f"{name:10s} {human_bytes(n):>8s}  ringmpi.Comm {statistics.median(runs['ringmpi.Comm']) * 1e6:9.2f} us"
-                      f"  mpi4py {statistics.median(runs['mpi4py']) * 1e6:9.2f} us  {r:5.2f}x", flush=True)
+                print(line, flush=True)
     if plain.rank == 0:
-        for name, by in ratios.items():
-            small = [v for n, v in by.items() if n <= 1024]
-            large = [v for n, v in by.items() if n > 1024]
-            print(f"{name}: median ratio up to 1 KiB {statistics.median(small):.2f}x"
-                  + (f", above {statistics.median(large):.2f}x" if large else ""), flush=True)
+        for name, by_form in found.items():
+            parts = []
+            for form, by in by_form.items():
+                for where, keep in (("up to 1 KiB", lambda n: n <= 1024), ("above", lambda n: n > 1024)):
+                    got = [v for n, v in by.items() if keep(n)]
+                    if got:
+                        parts.append(f"{form} {where} {statistics.median(r for r, _ in got):.2f}x, "
+                                     f"{statistics.median(e for _, e in got) * 1e6:+.2f} us")
+            print(f"{name}: median over sizes: " + "; ".join(parts), flush=True)
     served = ringmpi.comm.stats()
     if plain.rank == 0:
         print("served by ringmpi (calls, left to mpi4py):", served)

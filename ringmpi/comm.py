@@ -51,7 +51,7 @@ from . import collectives as _c
 from .api import CACHE, algorithms, group, request
 from .requests import ACTIVE, progress
 from .errors import RingmpiUsageError
-from .ops import SUPPORTED_DTYPES, check_op_dtype
+from .ops import SUPPORTED_DTYPES, check_op_dtype, is_half
 
 __all__ = ["Comm", "COLLECTIVES", "stats"]
 
@@ -229,6 +229,9 @@ def _message(msg: Any, writable: bool) -> _Msg | None:
 
 
 _BYTES_LIKE = (bytearray, mmap.mmap, memoryview)
+#: the dtypes of bare arrays whose calls `_Kept` may pass to mpi4py as they are (numpy's
+#: own instances: a call's dtype is compared by identity)
+_ARRAY_DTYPES = frozenset(d for d in SUPPORTED_DTYPES if not is_half(d))
 _LABELS = {"Allreduce": "allreduce/mpi", "Bcast": "broadcast/mpi", "Allgather": "allgather/mpi",
            "Alltoall": "alltoall/mpi"}
 
@@ -281,6 +284,10 @@ class _Kept:
                                  b[2] is not form[2] or b[1] != form[1] or type(b[0]) is not form[0] or
                                  type(b[1]) is not int) and not _fits(b, form):
             return False
+        if type(b) is np.ndarray and type(a) is np.ndarray and (
+                a is b or (a.base is not None or b.base is not None) and np.may_share_memory(a, b)):
+            return False   # (the full path explains or serves arrays that overlap; two that own
+                           # their memory cannot, and the bounds check costs as much as the call)
         t = comm._t
         if t is None or t.freed:
             t = comm._transport()
@@ -311,6 +318,8 @@ def _fits(msg: Any, form: Any) -> bool:
     """`msg` has `form` (`_form`)."""
     if form is True:
         return msg is MPI.IN_PLACE
+    if type(msg) is np.ndarray:   # (one not contiguous: the full path, which serves it or says why not)
+        return form[0] is np.ndarray and msg.dtype is form[2] and msg.size == form[1] and msg.flags.c_contiguous
     if type(msg) is not list and type(msg) is not tuple:
         return False
     kind, count, dt = form
@@ -321,11 +330,16 @@ def _fits(msg: Any, form: Any) -> bool:
 
 def _form(msg: Any) -> Any:
     """What decides a call of an mpi4py buffer specification `[buf, count, type]` or
-    `[buf, type]` over bytes-like memory (not a numpy array: those have ringmpi's own fast
-    path), or MPI.IN_PLACE: the buffer's type, the count (or the bytes) and the datatype;
-    None for anything else."""
+    `[buf, type]` over bytes-like memory, or of a bare contiguous numpy array of a dtype
+    whose MPI datatype mpi4py and ringmpi name alike (`_ARRAY_DTYPES`: not the 16-bit
+    floats, which ringmpi sends as words and reduces in float32), or MPI.IN_PLACE: the
+    buffer's type, the count (or the bytes; an array's elements) and the datatype (an
+    array's dtype); None for anything else."""
     if msg is MPI.IN_PLACE:
         return True
+    if type(msg) is np.ndarray:
+        dt = msg.dtype
+        return (np.ndarray, msg.size, dt) if dt in _ARRAY_DTYPES and msg.flags.c_contiguous else None
     if type(msg) is not list and type(msg) is not tuple:
         return None
     n = len(msg)
@@ -482,8 +496,8 @@ class Comm(MPI.Intracomm):
             _c.allreduce(sv, rv, op=name, comm=self, algorithm=self._alg("allreduce"))
             self._remember(sendbuf, recvbuf, op, sv, rv)
             # (MPI reduces MPI_BYTE with the bitwise ops only, and ringmpi's MAX/MIN of floats is not MPI's)
-            if key is not None and (name in ("BAND", "BOR", "BXOR") or recvbuf[-1] is not MPI.BYTE) and not (
-                    name in ("MAX", "MIN") and rv.dtype.kind == "f"):
+            if key is not None and (name in ("BAND", "BOR", "BXOR") or type(recvbuf) is np.ndarray or
+                                    recvbuf[-1] is not MPI.BYTE) and not (name in ("MAX", "MIN") and rv.dtype.kind == "f"):
                 self._note("Allreduce", key)
             return
         PASSED["Allreduce"] += 1

@@ -341,6 +341,62 @@ def test_repeated_calls_on_bytes_like_buffers(comm):
         assert kept == ({"Allgather", "Bcast", "Alltoall", "Allreduce"} if alg == "mpi" else set()), kept
 
 
+def test_repeated_calls_on_bare_arrays_with_mpi_chosen(comm, rng):
+    """Bare numpy arrays, MPI's own chosen: after the first call of a form (dtype and size)
+    the next go to mpi4py as they are (`_Kept`), for new arrays of that form too; another
+    dtype of the same size, a strided array, two views of one array and a 16-bit float take
+    the full path. Every result is mpi4py's own on the same data."""
+    c = ringmpi.Comm(WORLD, allgather="mpi", broadcast="mpi", alltoall="mpi", allreduce="mpi")
+    hits = dict.fromkeys(("Bcast", "Allgather", "Alltoall", "Allreduce"), 0)   # calls passed as they are
+
+    def note_hits() -> None:
+        for m, k in (c._kept or {}).items():
+            hits[m] = max(hits[m], k.calls)
+
+    for i in range(24):
+        dt = ("int32", "float32", "uint8", "float16")[i % 4] if i >= 8 else "int32"
+        x = make_data(rng, dt, 6 * P, "SUM", exact=True)
+        fresh = i % 3 == 0                                  # a new array of the same form
+        buf = x.copy() if fresh or i == 0 or buf.dtype != x.dtype else buf
+        buf[...] = x
+        want = x.copy()
+        root = i % P if i >= 8 else 0
+        PLAIN.Bcast(want if dt != "float16" else want.view(np.uint16), root=root)
+        c.Bcast(buf, root=root)
+        assert np.array_equal(buf.view(np.uint8), want.view(np.uint8)), (i, dt)
+        whole = np.empty(6 * P * P, x.dtype)
+        whole[R * 6 * P:(R + 1) * 6 * P] = x
+        ref = np.empty_like(whole)
+        PLAIN.Allgather(x.view(np.uint8), ref.view(np.uint8))
+        c.Allgather(MPI.IN_PLACE, whole)
+        assert np.array_equal(whole.view(np.uint8), ref.view(np.uint8)), (i, dt)
+        both = np.empty(12 * P, x.dtype)                    # send and receive views of one array, apart
+        send, recv = both[:6 * P], both[6 * P:]
+        send[...] = x
+        ref = np.empty(6 * P, x.dtype)
+        PLAIN.Alltoall(x.view(np.uint8), ref.view(np.uint8))
+        c.Alltoall(send, recv)
+        assert np.array_equal(recv.view(np.uint8), ref.view(np.uint8)), (i, dt)
+        note_hits()   # (before the strided call retires Alltoall's form)
+        strided = np.zeros(12 * P, x.dtype)[::2]            # not contiguous, the form's dtype and size:
+        try:                                                # what the full path does (mpi4py refuses it)
+            PLAIN.Alltoall(x, np.zeros(12 * P, x.dtype)[::2])
+        except Exception as err:   # noqa: BLE001
+            with pytest.raises(type(err)):
+                c.Alltoall(x, strided)
+        else:
+            c.Alltoall(x, strided)
+            assert np.array_equal(np.ascontiguousarray(strided).view(np.uint8), ref.view(np.uint8)), (i, dt)
+        if dt != "float16":
+            acc = x.copy()
+            ref = np.empty_like(x)
+            PLAIN.Allreduce(x, ref, op=MPI.SUM)
+            c.Allreduce(MPI.IN_PLACE, acc, op=MPI.SUM)
+            assert np.array_equal(acc, ref), (i, dt)
+        note_hits()
+    assert all(hits.values()), hits
+
+
 def test_run_installs_the_wrapper():
     import pickle
 
