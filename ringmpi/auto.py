@@ -218,10 +218,15 @@ def choose_request(view: Any, g: Any, call: Call) -> dict:
         _alg.get(collective, forced)
         return {"algorithm": forced, "why": "forced by RINGMPI_ALGO", "collective": collective}
     tuner = g.tuners.get(_bucket(view, call)) if st.tune else None
-    if tuner is not None and tuner.winner is not None and not _alg.get(collective, tuner.winner).refuses(view, call):
-        choice = tuner.choice(tuner.winner)
-        del choice["tuner"]
-        return choice
+    if tuner is not None and tuner.winner is not None:
+        name = _request_winner(tuner, view, call)
+        if name is not None:
+            choice = tuner.choice(name)
+            del choice["tuner"]
+            if name != tuner.winner:
+                choice["why"] = (f"online tuning: the fastest of ringmpi's measured (MPI's own, {tuner.winner}, "
+                                 f"as a nonblocking collective only where {REQUEST_MARGIN:g}x faster)")
+            return choice
     ckey = (collective, call.count, call.itemsize, call.params, st.generation, view.on_device)
     choice = g.request_choices.get(ckey)
     if choice is None:
@@ -235,6 +240,24 @@ def choose_request(view: Any, g: Any, call: Call) -> dict:
         choice.update(collective=collective, bytes=call.count * call.itemsize)
         g.request_choices.put(ckey, choice)
     return choice
+
+
+def _request_winner(tuner: "Tuner", view: Any, call: Call) -> str | None:
+    """Of the algorithms a tuner measured (blocking calls, the same times on every rank),
+    the one a request runs: its winner, but where that is MPI's own, the fastest of
+    ringmpi's that can run as a request unless MPI's is REQUEST_MARGIN times faster (its
+    nonblocking collective is another implementation: Open MPI's took 1.3-1.5x its blocking
+    call at 64 KiB here, benchmarks/README.md); None where none measured can run."""
+    collective, tuned = call.collective.name, tuner.tuned
+    runs = [a for a in tuned if not _alg.get(collective, a).refuses(view, call)]
+    if not runs:
+        return None
+    ours = [a for a in runs if a != "mpi"]
+    best = min(ours, key=tuned.get) if ours else None
+    if tuner.winner in runs and (tuner.winner != "mpi" or best is None or
+                                 REQUEST_MARGIN * tuned["mpi"] <= tuned[best]):
+        return tuner.winner
+    return best if best is not None else "mpi"
 
 
 #: a request runs MPI's own nonblocking collective (MPI_Iallreduce ...) only where it is

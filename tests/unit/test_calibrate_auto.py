@@ -166,6 +166,28 @@ def test_monitoring_costs_about_one_percent_of_the_bucket():
     assert tuner.winner == "ring" and tuner.sample == 5
 
 
+def test_a_request_runs_mpi_s_own_only_where_measured_far_faster():
+    """A request takes the algorithm online tuning measured fastest for blocking calls, but
+    MPI's own only where it is REQUEST_MARGIN times faster than ringmpi's best (its
+    nonblocking collective is another implementation); an algorithm that cannot run as a
+    request is passed over."""
+    settings.reload({})
+    t = fake_transport(Profile(alpha=5e-6, beta=1 / 5e9, gamma=1 / 10e9), size=2)
+    view = types.SimpleNamespace(**vars(t))
+    call = Call(SPECS["allreduce"], np.empty(0, np.float32), None, 16384, "SUM")
+    names = choose(t, "allreduce", 16384, full=True)["tuner"].candidates
+    assert "mpi" in names and "recursive_doubling" in names
+    for mpi, ours, want in ((16e-6, 17e-6, "recursive_doubling"),   # MPI's own barely faster
+                            (1e-6, 15e-6, "mpi"),                    # far faster: kept
+                            (20e-6, 17e-6, "recursive_doubling")):   # not the winner at all
+        t.tuners.clear()
+        speed = {a: mpi if a == "mpi" else ours if a == "recursive_doubling" else 1.0 for a in names}
+        tuner, _ = explore(t, "allreduce", 16384, speed)
+        got = auto.choose_request(view, t, call)
+        assert got["algorithm"] == want, (mpi, ours, got)
+        assert ("ringmpi's measured" in got["why"]) == (tuner.winner != want)
+
+
 def test_candidates_predicted_far_slower_are_never_tried():
     settings.reload({})
     t = fake_transport(Profile(alpha=5e-6, beta=1 / 5e9, gamma=1 / 10e9), size=8)
