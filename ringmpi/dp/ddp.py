@@ -445,10 +445,11 @@ class DataParallel:
     def _start_ready(self) -> None:
         """Start the buckets whose gradients are all final, in bucket order, but the last:
         its gradients (the first layers') are final only when backward ends, so nothing is
-        left to hide it behind, and `average_gradients` all-reduces it by a blocking call,
-        which costs less than a request (shared memory's zero-copy algorithms on one host;
-        over TCP a request cost 1.2-1.4x the blocking call). The same bucket on every rank:
-        the ranks' calls stay in one order."""
+        left to hide it behind, and `average_gradients` begins it, as a request behind the
+        others in flight, or where none is, by a blocking call, which costs less than a
+        request (shared memory's zero-copy algorithms on one host; over TCP a request cost
+        1.2-1.4x the blocking call). The same bucket on every rank: the ranks' calls stay in
+        one order."""
         while self._next < len(self.buckets) - 1 and self.buckets[self._next].waiting <= 0:
             b = self.buckets[self._next]
             self._pack(b)
@@ -470,6 +471,15 @@ class DataParallel:
         divide; returns the global mean loss."""
         p = self.t.size
         names = list(self.params)
+        if self.hook is not None or any(b.request is not None for b in self.buckets):
+            # every bucket not begun, begun now, before the small all-reduce below: behind the
+            # buckets in flight on the wire, it would hold back the start of the last one by
+            # the time they take (a bucket's time on a 1 Gbit/s link each step), and a hook's
+            # casts and products run while the earlier buckets travel
+            for i, b in enumerate(self.buckets):
+                if b.request is None:
+                    self._pack(b)
+                    b.request = self._communicate(i, b, blocking=False)
         # loss, count and which parameters got a gradient travel in one small all-reduce, so
         # every rank takes the same decision (a rank raising alone would hang the others)
         head = np.array([self.loss_sum, float(self.count)] + [float(self.seen[k]) for k in names])
@@ -485,11 +495,6 @@ class DataParallel:
                                "on some ranks; pass find_unused_parameters=True if that is expected")
         scale = 1.0 / scalars[1] if self.weighting == "global" else 1.0 / p
         got = dict(zip(names, present))
-        if self.hook is not None:   # every bucket a hook has not begun, begun now: each one's casts
-            for i, b in enumerate(self.buckets):   # and products run while the earlier ones travel
-                if b.request is None:
-                    self._pack(b)
-                    b.request = self._communicate(i, b, blocking=False)
         for i, b in enumerate(self.buckets):   # (begun during backward: waited for; the others: now)
             if b.request is not None:
                 summed = b.request.wait()
