@@ -255,12 +255,13 @@ class _Kept:
     field (no key built, nothing hashed), then calls MPI's own on them as they are, with
     the stall watch's bookkeeping of a direct plan; an argument mpi4py refuses goes back to
     the full path, which explains or serves it."""
-    __slots__ = ("method", "function", "label", "generation", "a", "b", "extra", "calls")
+    __slots__ = ("method", "function", "label", "generation", "a", "b", "extra", "arrays", "calls")
 
     def __init__(self, method: str, key: tuple, generation: int) -> None:
         self.method, self.function, self.label = method, getattr(MPI.Intracomm, method), _LABELS[method]
         self.generation = generation
         self.a, self.b, self.extra = (key[0], None, key[1]) if len(key) == 2 else key
+        self.arrays = self.b is not None and self.b[0] is np.ndarray   # (a second buffer that is an array)
         self.calls = 0
         _ALL_KEPT.append(self)
         if len(_ALL_KEPT) > 256:
@@ -284,7 +285,7 @@ class _Kept:
                                  b[2] is not form[2] or b[1] != form[1] or type(b[0]) is not form[0] or
                                  type(b[1]) is not int) and not _fits(b, form):
             return False
-        if type(b) is np.ndarray and type(a) is np.ndarray and (
+        if self.arrays and type(a) is np.ndarray and (
                 a is b or (a.base is not None or b.base is not None) and np.may_share_memory(a, b)):
             return False   # (the full path explains or serves arrays that overlap; two that own
                            # their memory cannot, and the bounds check costs as much as the call)
@@ -488,7 +489,9 @@ class Comm(MPI.Intracomm):
         kept = self._kept.get("Allreduce") if self._kept else None
         if kept is not None and kept.run(self, sendbuf, recvbuf, op, op):
             return
-        key = _forms(sendbuf, recvbuf, op)
+        # (bare arrays have their own path, `_hot`: the plan called with datatypes given
+        # costs mpi4py less than the arrays as they are)
+        key = _forms(sendbuf, recvbuf, op) if type(recvbuf) is not np.ndarray else None
         CALLS["Allreduce"] += 1
         got = _reduction(sendbuf, recvbuf, op)
         if got is not None:
@@ -496,8 +499,8 @@ class Comm(MPI.Intracomm):
             _c.allreduce(sv, rv, op=name, comm=self, algorithm=self._alg("allreduce"))
             self._remember(sendbuf, recvbuf, op, sv, rv)
             # (MPI reduces MPI_BYTE with the bitwise ops only, and ringmpi's MAX/MIN of floats is not MPI's)
-            if key is not None and (name in ("BAND", "BOR", "BXOR") or type(recvbuf) is np.ndarray or
-                                    recvbuf[-1] is not MPI.BYTE) and not (name in ("MAX", "MIN") and rv.dtype.kind == "f"):
+            if key is not None and (name in ("BAND", "BOR", "BXOR") or recvbuf[-1] is not MPI.BYTE) and not (
+                    name in ("MAX", "MIN") and rv.dtype.kind == "f"):
                 self._note("Allreduce", key)
             return
         PASSED["Allreduce"] += 1

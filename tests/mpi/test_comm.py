@@ -345,14 +345,16 @@ def test_repeated_calls_on_bare_arrays_with_mpi_chosen(comm, rng):
     """Bare numpy arrays, MPI's own chosen: after the first call of a form (dtype and size)
     the next go to mpi4py as they are (`_Kept`), for new arrays of that form too; another
     dtype of the same size, a strided array, two views of one array and a 16-bit float take
-    the full path. Every result is mpi4py's own on the same data."""
+    the full path. Every result is mpi4py's own on the same data. (Allreduce on arrays has
+    a path of its own, `_hot`: checked here for its results only.)"""
     c = ringmpi.Comm(WORLD, allgather="mpi", broadcast="mpi", alltoall="mpi", allreduce="mpi")
-    hits = dict.fromkeys(("Bcast", "Allgather", "Alltoall", "Allreduce"), 0)   # calls passed as they are
+    hits = dict.fromkeys(("Bcast", "Allgather", "Alltoall"), 0)   # calls passed as they are
     buf = np.empty(0)
 
     def note_hits() -> None:
         for m, k in (c._kept or {}).items():
-            hits[m] = max(hits[m], k.calls)
+            if m in hits:
+                hits[m] = max(hits[m], k.calls)
 
     for i in range(24):
         dt = ("int32", "float32", "uint8", "float16")[i % 4] if i >= 8 else "int32"
