@@ -125,9 +125,19 @@ def convert(src: np.ndarray, dst: np.ndarray) -> None:
     if dst.dtype == np.float16 and src.dtype.kind == "f" and src.dtype.itemsize >= 4 and src.ndim == dst.ndim == 1:
         _narrow(src, dst)
     elif src.dtype == np.float16 and dst.dtype == np.float32 and src.ndim == dst.ndim == 1 and src.flags.c_contiguous:
-        np.take(_WIDE, src.view(np.uint16), out=dst)
+        _widen(src, dst)
     else:
         np.copyto(dst, src, casting="unsafe")
+
+
+def _widen(src: np.ndarray, dst: np.ndarray) -> None:
+    """By lookup, a cache-sized piece at a time (indices and results stay in cache beside
+    the table), without take's bounds checks (`clip`: a 16-bit index is always in the
+    table): 0.7 ns a value here, against 1.5 for the whole array checked, and numpy's own
+    conversion 0.9 (benchmarks/README.md)."""
+    bits = src.view(np.uint16)
+    for lo in range(0, src.size, _PIECE):
+        np.take(_WIDE, bits[lo:lo + _PIECE], out=dst[lo:lo + _PIECE], mode="clip")
 
 
 def _narrow(src: np.ndarray, dst: np.ndarray) -> None:
