@@ -246,8 +246,9 @@ def _request_winner(tuner: "Tuner", view: Any, call: Call) -> str | None:
     """Of the algorithms a tuner measured (blocking calls, the same times on every rank),
     the one a request runs: its winner, but where that is MPI's own, the fastest of
     ringmpi's that can run as a request unless MPI's is REQUEST_MARGIN times faster (its
-    nonblocking collective is another implementation: Open MPI's took 1.3-1.5x its blocking
-    call at 64 KiB here, benchmarks/README.md); None where none measured can run."""
+    nonblocking collective is another implementation, which can be much slower than the
+    blocking one it was measured as: benchmarks/README.md, "Requests on the algorithm
+    measured"); None where none measured can run."""
     collective, tuned = call.collective.name, tuner.tuned
     runs = [a for a in tuned if not _alg.get(collective, a).refuses(view, call)]
     if not runs:
