@@ -386,6 +386,52 @@ def _hooked(hook, state, overlap, dtype=np.float32, sizes=(8, 24, 16, 3)):
 
 
 @pytest.mark.parametrize("overlap", [True, False])
+def test_every_bucket_begins_before_any_is_waited_for(overlap, monkeypatch):
+    """With a hook, every bucket's hook runs before the first future is waited for (each
+    one's casts beside the earlier ones' transfers); with buckets in flight, the last one
+    begins before the step's small all-reduce of loss and counts (behind them on the wire,
+    it would hold the last bucket back). The sums are the plain all-reduce's all the same."""
+    from ringmpi.dp import ddp as dp_module
+    from ringmpi.dp.hooks import allreduce_hook
+    events = []
+
+    def hook(state, bucket):
+        events.append(("begin", bucket.index))
+        request = allreduce_hook(state, bucket)
+
+        class Future:
+            def wait(self):
+                events.append(("wait", bucket.index))
+                return request.wait()
+        return Future()
+
+    ref, _ = _hooked(None, None, False)
+    got, _ = _hooked(hook, None, overlap)
+    begun = [i for what, i in events if what == "begin"]
+    first_wait = next(k for k, (what, _) in enumerate(events) if what == "wait")
+    assert sorted(begun) == list(range(len(got.buckets))) and len(got.buckets) >= 3
+    assert all(what == "begin" for what, _ in events[:first_wait]) and len(events[:first_wait]) == len(begun)
+    for k in ref.grads:
+        assert np.array_equal(got.grads[k], ref.grads[k]), k
+    if P == 1 or not overlap:
+        return
+    x, y = classification(64, 8, 3, seed=6)   # the plain all-reduce, overlapped: the last bucket
+    ddp = DataParallel(MLP([8, 24, 16, 3], seed=3), COMM, algorithm="ring", overlap=True,   # begun before
+                       bucket_cap_mb=0.001, first_bucket_mb=0.0005)                          # the small one
+    order = []
+    plain, small = dp_module.DataParallel._communicate, dp_module.api.allreduce
+    monkeypatch.setattr(dp_module.DataParallel, "_communicate",
+                        lambda self, i, b, blocking: order.append(("bucket", i, blocking)) or plain(self, i, b, blocking))
+    monkeypatch.setattr(dp_module.api, "allreduce", lambda *a, **k: order.append(("small",)) or small(*a, **k))
+    mine = partition_indices(64, P, R, seed=2)
+    ddp.zero_grad()
+    ddp.backward((x[mine], y[mine]))
+    last = len(ddp.buckets) - 1
+    assert order.index(("bucket", last, False)) < order.index(("small",)), order
+    assert all(not e[2] for e in order if e[0] == "bucket"), order   # (none blocking: all were in flight)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
 def test_hooks_reduce_what_they_promise(overlap):
     from ringmpi.dp.hooks import allreduce_hook, bf16_hook, fp16_hook
     ref, _ = _hooked(None, None, False)
