@@ -323,7 +323,9 @@ class DataParallel:
         return bool(getattr(self.hook, "whole_parameters", False))
 
     def _communicate(self, index: int, b: _Bucket, blocking: bool) -> Any:
-        """Start bucket `index`'s all-reduce (a request, or a hook's future), or run it now."""
+        """Start bucket `index`'s all-reduce (a request, or a hook's future), or run it now,
+        its gradients packed into it first."""
+        self._pack(b)
         self.allreduce_calls += 1
         if self.hook is None:
             if blocking:
@@ -452,7 +454,6 @@ class DataParallel:
         one order."""
         while self._next < len(self.buckets) - 1 and self.buckets[self._next].waiting <= 0:
             b = self.buckets[self._next]
-            self._pack(b)
             b.request = self._communicate(self._next, b, blocking=False)
             self._next += 1
 
@@ -478,7 +479,6 @@ class DataParallel:
             # casts and products run while the earlier buckets travel
             for i, b in enumerate(self.buckets):
                 if b.request is None:
-                    self._pack(b)
                     b.request = self._communicate(i, b, blocking=False)
         # loss, count and which parameters got a gradient travel in one small all-reduce, so
         # every rank takes the same decision (a rank raising alone would hang the others)
@@ -499,7 +499,6 @@ class DataParallel:
             if b.request is not None:
                 summed = b.request.wait()
             else:
-                self._pack(b)
                 summed = self._communicate(i, b, blocking=True)
             b.request = None
             if summed is not b.flat:
