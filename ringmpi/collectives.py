@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import inspect
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -572,6 +573,9 @@ class _KeptCall:
     bound: Persistent
 
 
+_PEEK = OrderedDict.get
+
+
 class RequestMemo:
     """A nonblocking function's recent calls, for the next ones on the very same arrays (a
     training loop's buckets, every step): the persistent request that began each, started
@@ -595,7 +599,7 @@ class RequestMemo:
     def find(self, args: tuple, kwargs: dict) -> tuple | None:
         """The persistent request of the call kept for these very arguments, ready to start
         again, and the call's arrays (send, recv); or None."""
-        kept = self.calls.get(self._key(args, kwargs))
+        kept = _PEEK(self.calls, self._key(args, kwargs))   # (no refresh: the C lookup, not `LRU.get`)
         if kept is None or kept.generation != CACHE.generation:
             return None
         last = kept.bound.request

@@ -493,17 +493,16 @@ class MPITransport(_Wire):
 
     def take_pool(self) -> ScratchPool:
         """Scratch for one request in flight (a pool a completed one gave back, or a new one)."""
-        with _MAKING:
-            pool = self._spare_pools.pop() if self._spare_pools else None
-        if pool is None:
+        try:
+            pool = self._spare_pools.pop()   # (list.pop and append are atomic: no lock)
+        except IndexError:
             return ScratchPool(self.backend)
         pool.reset()
         return pool
 
     def give_pool(self, pool: ScratchPool) -> None:
-        with _MAKING:
-            if len(self._spare_pools) < 8:
-                self._spare_pools.append(pool)
+        if len(self._spare_pools) < 8:       # (two threads may both see 7: nine, no harm)
+            self._spare_pools.append(pool)
 
     def waiting(self, label: str, seq: int) -> tuple:
         """A caller waits for call `seq` (a request) outside `begin`/`end`: the stall

@@ -97,7 +97,8 @@ class Request:
     def _collect(self) -> Any:
         if not self.waited:
             self.waited = True
-            engine().collected(self)
+            if not self.inline:
+                engine().collected(self)
         source = self.source
         if source is not None and source.transient and source.request is self:
             source.request = None
@@ -238,7 +239,8 @@ class Engine:
         with self.lock:
             self.active[req] = None
             if thread:
-                self._ensure_thread()
+                if self.thread is None:   # (not `is_alive()` at every start: it takes a lock;
+                    self._ensure_thread()  # a thread gone and a fork's child forget it)
                 if self.asleep:
                     self.wake.notify()
                 return req
@@ -246,9 +248,15 @@ class Engine:
         return req
 
     def _ensure_thread(self) -> None:
-        if self.thread is None or not self.thread.is_alive():
-            self.thread = threading.Thread(target=self._loop, name="ringmpi-progress", daemon=True)
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._thread, name="ringmpi-progress", daemon=True)
             self.thread.start()
+
+    def _thread(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self.thread = None
 
     # -- advancing -------------------------------------------------------------------------
     def _claim(self, req: Request, grace: float = 0.0) -> bool:
@@ -336,7 +344,7 @@ class Engine:
         with self.lock:
             req.done = True
             self.active.pop(req, None)
-            if not req.waited:
+            if not req.waited and not req.inline:   # (an inline one's waiter collects it next)
                 self.unwaited[req] = None
             finished = req.finished
         if finished is not None:
@@ -551,6 +559,14 @@ MAX_NAP = 2e-5
 ACTIVE: dict[Request, None] = {}
 _ENGINE: list[Engine] = []
 _MAKING = threading.Lock()
+
+
+def _after_fork() -> None:
+    if _ENGINE:   # (the child has no progress thread, whatever the parent's engine says)
+        _ENGINE[0].thread = None
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def engine() -> Engine:

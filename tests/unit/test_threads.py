@@ -95,3 +95,23 @@ def test_labels_that_cannot_both_be_right():
     assert _differ("broadcast/pipeline, root 0", "broadcast/pipeline, root 1")
     assert not _differ("allreduce/auto", "allreduce/ring")
     assert not _differ("allreduce/ring (tuning exchange)", "allreduce/ring")
+
+
+def test_the_progress_thread_is_made_again_where_it_is_gone():
+    """The engine knows its thread without asking it at every start (`is_alive` takes a
+    lock): a thread that ended, and a fork's child (which has no thread), make a new one."""
+    from ringmpi import requests
+    eng = requests.Engine()
+    eng._ensure_thread()
+    first = eng.thread
+    assert first is not None and first.is_alive()
+    requests._ENGINE.insert(0, eng)
+    try:
+        pid = os.fork()
+        if pid == 0:   # the child: the parent's thread is not here; a start makes its own
+            eng._ensure_thread()
+            os._exit(0 if eng.thread is not None and eng.thread.is_alive() else 3)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert eng.thread is first   # (the parent keeps its own)
+    finally:
+        requests._ENGINE.remove(eng)
