@@ -411,7 +411,7 @@ class _Bound:
     the memo keeping it for the next call on the same arrays (`restart_same`) keeps no user
     array alive."""
     __slots__ = ("t", "view", "dev", "alg", "call", "result", "name", "on_done", "thread", "native", "params",
-                 "shape", "launched", "stripped", "canonical", "arena")
+                 "shape", "launched", "stripped", "canonical", "arena", "large")
 
     def __init__(self, t: Any, view: Any, dev: Any, alg: Any, call: Call, result: Any, on_done: Any,
                  thread: bool) -> None:
@@ -427,6 +427,7 @@ class _Bound:
         # posts it in the order of the starts
         self.thread = thread and (self.native or alg.cost is not None)
         self.arena = alg.scratch(t.size, call) if dev is None else 0   # (shared memory: `RequestView.take_shared`)
+        self.large = call.count * call.itemsize >= requests.WAKE_BYTES
         self.launched = False      # (a start after the first takes the next sequence number and tag)
 
     def persistent(self, native: bool) -> Any:
@@ -458,7 +459,8 @@ class _Bound:
             if self.arena:
                 view.take_shared(self.arena)
             body = functools.partial(self.body, view, call, result)
-        req = requests.Request(self.name, view.seq, self.t, view, body, on_done=on_done, posted=self.native)
+        req = requests.Request(self.name, view.seq, self.t, view, body, on_done=on_done, posted=self.native,
+                               wakes=self.large or on_done is not None)
         return requests.engine().start(req, self.thread)
 
     def body(self, view: Any, call: Call, result: Any) -> Any:

@@ -73,6 +73,7 @@ class Request:
     inline: bool = False           # its body runs on its waiter's stack, not in a greenlet (`Engine._inline`)
     on_done: Callable[["Request"], None] | None = None       # (a generalized MPI request's completion)
     posted: bool = False           # MPI's own collective was posted at the start: `body` only finishes it
+    wakes: bool = False            # worth waking the progress thread for at its start (`Engine.start`)
     finished: threading.Event | None = None   # made for a waiter on another thread, set when done
     started: float = 0.0           # when it began (perf_counter)
     source: Any = None             # the `Persistent` that began it (a nonblocking call's: kept for the next
@@ -229,7 +230,10 @@ class Engine:
         self.unwaited: dict[Request, None] = {}   # complete, not yet waited for (reported at exit)
         self.thread: threading.Thread | None = None
         self.urgent = 0                      # callers waiting for a request the thread owns
-        self.asleep = False                  # the progress thread waits for a start (`_loop`)
+        self.asleep = False                  # the progress thread naps or sleeps (`_loop`)
+        self.deep = False                    # it sleeps until a start wakes it
+        self.until = 0.0                     # when its nap ends (perf_counter)
+        self.lively = 0.0                    # until when its naps stay PROMPT long
         self._local = threading.local()      # per thread: idle worker greenlets
 
     # -- starting --------------------------------------------------------------------------
@@ -241,7 +245,10 @@ class Engine:
             if thread:
                 if self.thread is None:   # (not `is_alive()` at every start: it takes a lock;
                     self._ensure_thread()  # a thread gone and a fork's child forget it)
-                if self.asleep:
+                worth = req.wakes or len(self.active) > 1
+                if worth:
+                    self.lively = req.started + LIVELY
+                if self.asleep and (self.deep or worth and self.until > req.started + GRACE + PROMPT):
                     self.wake.notify()
                 return req
         self._step(req)
@@ -475,28 +482,39 @@ class Engine:
 
     # -- the progress thread ---------------------------------------------------------------
     def _loop(self) -> None:
-        """Test the requests in flight, napping between tests; with none, linger awake a
-        while (a nap of LINGER_NAP at a time), then sleep until a start wakes it. Waking a
-        sleeping thread at every start cost a small request more than all of ringmpi's own
-        work for it (the woken thread takes the GIL and a core from the caller and its
-        peers: benchmarks/README.md, "Figures behind constants in the code"); a thread
-        that lingers is not woken by the starts of calls made in a loop."""
+        """Test the requests in flight, napping MAX_NAP at most between tests. With none of
+        its own, and none left unclaimed for GRACE (a wait that comes at once runs its
+        request itself), it naps, longer each time (LINGER_NAP doubled up to LONG_NAP), and
+        after LINGER of that sleeps until a start wakes it. Each wake takes the GIL and a
+        core from the caller and its peers: 18-20 us a start when every start woke it, and
+        naps of 1 ms cost a small request in a loop 2-3 us (benchmarks/README.md, "Figures
+        behind constants in the code"). A request worth it (`Request.wakes`: large, or
+        completed by MPI's own waits; or not the only one in flight: its caller overlaps
+        several) keeps the naps at PROMPT for LIVELY seconds, and wakes a thread that naps
+        longer; any other is found at the nap's end: none waits longer than LONG_NAP for
+        the thread while its caller blocks elsewhere."""
         me = threading.get_ident()
         nap = idle = 0.0
+        linger = LINGER_NAP
         while True:
             with self.lock:
-                busy = any(r.owner in (None, me) for r in self.active)
-                if not busy and idle >= LINGER:
+                now = time.perf_counter()
+                look = self._next_look(me, now)
+                if look > now:   # (nothing to do before `look`)
+                    young = look < INF   # (a request its caller may yet wait for: looked at when GRACE old)
+                    self.deep = not young and idle >= LINGER
+                    timeout = look - now if young else None if self.deep else linger
+                    self.until = now + timeout if timeout is not None else INF
                     self.asleep = True
-                    self.wake.wait()   # (until a start; then it lingers again)
+                    woken = self.wake.wait(timeout)
                     self.asleep = False
-                    idle = nap = 0.0
+                    if woken or self.deep:   # (by a start)
+                        self.deep, idle, linger = False, 0.0, LINGER_NAP
+                    elif not young:
+                        idle += linger
+                        linger = min(2 * linger, LONG_NAP if now > self.lively else PROMPT)
                     continue
-            if not busy:
-                time.sleep(LINGER_NAP)
-                idle += LINGER_NAP
-                continue
-            idle = 0.0
+            idle, linger = 0.0, LINGER_NAP
             moved = self.advance_mine(GRACE)   # (its loop's names die with it: an idle thread holds no request)
             if moved or self.urgent:
                 nap = 0.0
@@ -504,6 +522,18 @@ class Engine:
             else:
                 nap = min(max(2 * nap, 2e-5), MAX_NAP)
                 time.sleep(nap)
+
+    def _next_look(self, me: int, now: float) -> float:
+        """When the thread has something to do (under the lock): now if it owns a request in
+        flight or one was left unclaimed for GRACE; else when the youngest unclaimed one
+        turns GRACE old (INF: none)."""
+        look = INF
+        for r in self.active:
+            if r.owner == me:
+                return now
+            if r.owner is None:
+                look = min(look, r.started + GRACE)
+        return look
 
     # -- what was never waited for ---------------------------------------------------------
     def forgotten(self, group: Any = None) -> list[Request]:
@@ -545,10 +575,18 @@ OWN_NAP = 1e-4
 #: seconds the progress thread leaves a new request to its caller: a wait that comes at once
 #: (nothing to overlap) then runs it at a blocking call's speed, without a thread's hand-off
 GRACE = 1e-4
-#: seconds the progress thread stays awake after its last request completed, napping
-#: LINGER_NAP at a time, before it sleeps until a start wakes it (`Engine._loop`): a request
-#: started meanwhile waits up to LINGER_NAP more for the thread, if its caller does not wait
-LINGER, LINGER_NAP = 8e-3, 1e-3
+#: seconds the progress thread naps after its last request completed, LINGER_NAP first,
+#: twice as long each time up to LONG_NAP, before it sleeps until a start wakes it
+#: (`Engine._loop`): a request that wakes nobody waits up to LONG_NAP for the thread, if its
+#: caller does not wait for it first
+LINGER, LINGER_NAP, LONG_NAP = 0.25, 1e-3, 32e-3
+#: a request of at least this many bytes may wake the napping progress thread at its start
+#: (`Request.wakes`): it takes longer than the wake costs on any link; it waits at most
+#: PROMPT seconds more than GRACE for the thread's first look
+WAKE_BYTES, PROMPT = 256 << 10, 1e-3
+#: seconds after the start of such a request during which the thread's naps stay PROMPT long
+#: (its next start then need not wake it)
+LIVELY = 8e-3
 #: the longest the progress thread sleeps between tests while requests are in flight: a
 #: large message over TCP advances only when it is tested, so a longer nap stretches the
 #: transfer (benchmarks/README.md, "Requests"); Linux's timer slack adds to any nap anyway
@@ -558,6 +596,7 @@ MAX_NAP = 2e-5
 #: messages: `Engine.alongside`)
 ACTIVE: dict[Request, None] = {}
 _ENGINE: list[Engine] = []
+INF = float("inf")
 _MAKING = threading.Lock()
 
 

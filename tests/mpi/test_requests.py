@@ -140,24 +140,28 @@ def test_requests_overlap_with_blocking_calls_and_each_other(rng):
         other.Free()
 
 
-@pytest.mark.parametrize("progress", ["thread", "calls"])
-def test_progress_while_the_caller_computes(progress):
+@pytest.mark.parametrize("progress, count, thread_was", [("thread", 1 << 16, "asleep"), ("thread", 1 << 16, "napping"),
+                                                      ("thread", 64, "asleep"), ("thread", 64, "napping"),
+                                                      ("calls", 1 << 16, None)])
+def test_progress_while_the_caller_computes(progress, count, thread_was):
     """A request started, then numpy work that never calls ringmpi, then the wait: the result
     is MPI's, and with the progress thread the request completes while the caller computes,
     on every rank (the numpy work releases the GIL; no time bound but a generous one: four
-    oversubscribed ranks over TCP are slow). The thread starts from its sleep: after its
-    last request it lingers awake (`requests.LINGER`), then sleeps until a start wakes it."""
+    oversubscribed ranks over TCP are slow). Whatever the thread was doing at the start:
+    asleep (a start wakes it), or napping after its last request (a large request wakes it,
+    a small one is found at the nap's end: `requests.Engine._loop`)."""
     settings.reload({"RINGMPI_PROGRESS": progress})
     try:
-        x = np.full(1 << 16, float(R + 1))
+        x = np.full(count, float(R + 1))
         if progress == "thread":
             ringmpi.iallreduce(x, algorithm="ring").wait()
             eng = requests.engine()
             threaded = eng.thread is not None    # (one rank: nothing went to the thread)
             deadline = time.monotonic() + 10
-            while threaded and not eng.asleep and time.monotonic() < deadline:
-                time.sleep(requests.LINGER)
-            assert eng.asleep or not threaded, "the progress thread still awake 10 s after its last request"
+            while thread_was == "asleep" and threaded and not eng.deep and time.monotonic() < deadline:
+                time.sleep(requests.LONG_NAP)
+            assert eng.deep or not threaded or thread_was == "napping", \
+                "the progress thread still awake 10 s after its last request"
         q = ringmpi.iallreduce(x, algorithm="ring")
         a = np.random.default_rng(R).standard_normal((300, 300))
         deadline = time.monotonic() + (60 if progress == "thread" else 0.2)
@@ -166,7 +170,7 @@ def test_progress_while_the_caller_computes(progress):
         done = q.done
         if progress == "calls":
             ringmpi.progress()
-        assert np.array_equal(q.wait(), np.full(1 << 16, P * (P + 1) / 2))
+        assert np.array_equal(q.wait(), np.full(count, P * (P + 1) / 2))
         if progress == "thread" and P > 1 and ringmpi.api.group().wire:
             assert COMM.allreduce(done, op=MPI.LAND), "the progress thread did not complete the request meanwhile"
     finally:
