@@ -710,29 +710,34 @@ def _plan(t: Any, spec: Any, comm: Any, algorithm: str, args: dict, alg: Any, ca
     tuner, slow = choice.get("tuner"), _slow(spec, comm, algorithm, spec.with_buffers(args, None, None))
     if tuner is not None and tuner.winner is None:
         stub = call._replace(send=np.empty(0, call.dtype), recv=None)   # the dtype, not the memory
-        return _exploring_plan(t, spec, spec.with_buffers(args, None, None), stub, tuner, slow, dev)
+        return ExploringPlan(t, spec, spec.with_buffers(args, None, None), stub, tuner, slow, dev).run
     if tuner is not None:  # auto, settled by online tuning: the winner's plan, monitored
         alg, choice = _alg.get(spec.name, tuner.winner), tuner.choice(tuner.winner)
     return _algorithm_plan(t, spec, args, alg, call, choice, slow, tuner, dev)
 
 
-def _exploring_plan(t: Any, spec: Any, args: dict, call: Call, tuner: Any, slow: Callable,
-                    dev: Any = None) -> Callable:
+class ExploringPlan:
     """auto while online tuning explores: each call runs (and times) the tuner's next
-    candidate through that candidate's own plan, so that exploring costs what the
-    candidates cost and no more; the decision empties the plan cache."""
-    plans: dict = {}
+    candidate through that candidate's own plan (`plans`, made at its first call, from that
+    call's buffers: the same shapes as every call of this plan), so that exploring costs
+    what the candidates cost and no more; the decision empties the plan cache."""
+    __slots__ = ("t", "spec", "args", "call", "tuner", "slow", "dev", "plans")
 
-    def run(sendbuf: Any, recvbuf: Any) -> Any:
-        choice = tuner.pick()
+    def __init__(self, t: Any, spec: Any, args: dict, call: Call, tuner: Any, slow: Callable,
+                 dev: Any = None) -> None:
+        self.t, self.spec, self.args, self.call, self.tuner, self.slow, self.dev = t, spec, args, call, tuner, slow, dev
+        self.plans: dict[str, Callable] = {}
+
+    def run(self, sendbuf: Any, recvbuf: Any) -> Any:
+        choice = self.tuner.pick()
         name = choice["algorithm"]
-        plan = plans.get(name)
-        if plan is None:   # built from this call's buffers (same shapes as every call of the plan)
-            alg = _alg.get(spec.name, name)
-            plan = plans[name] = _algorithm_plan(t, spec, spec.with_buffers(args, sendbuf, recvbuf), alg,
-                                                 _with_tunables(t, alg, call), choice, slow, dev=dev)
-        return _timed(t, tuner, name, plan, sendbuf, recvbuf)
-    return run
+        plan = self.plans.get(name)
+        if plan is None:
+            spec, alg = self.spec, _alg.get(self.spec.name, name)
+            plan = self.plans[name] = _algorithm_plan(self.t, spec, spec.with_buffers(self.args, sendbuf, recvbuf),
+                                                      alg, _with_tunables(self.t, alg, self.call), choice, self.slow,
+                                                      dev=self.dev)
+        return _timed(self.t, self.tuner, name, plan, sendbuf, recvbuf)
 
 
 def _slow(spec: Any, comm: Any, algorithm: str, args: dict) -> Callable:
@@ -747,61 +752,75 @@ def _slow(spec: Any, comm: Any, algorithm: str, args: dict) -> Callable:
 def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice: dict, slow: Callable,
                     tuner: Any = None, dev: Any = None) -> Callable:
     """MPI's own called straight with the user's arrays where the spec knows how (`direct`),
-    else the body after a fresh validation of the buffers (the arguments are known good).
-    Under a tuner every call counts down to the next timed one (`Tuner.due`). `dev`: the
-    call is on device buffers, which never go to MPI without their transport."""
+    else the body (`BodyPlan`). `dev`: the call is on device buffers, which never go to MPI
+    without their transport."""
     if dev is None and alg.cost is None and t.native_serves(call) and call.op != "AVG" and \
             _library_takes(call):
         fast = spec.direct(t, call, args, choice, slow, tuner)
         if fast is not None:
             return fast
-    name = label(spec, alg.name, call)
-    params = call.params
-    bare = spec.with_buffers(args, None, None)
-    again = spec.again if dev is None else None
-    last = _Seen()
+    return BodyPlan(t, spec, args, alg, call, choice, tuner, dev).run   # (a bound method: calling it costs
+    # less than calling an object, a measurable share of a small call)
 
-    def run(sendbuf: Any, recvbuf: Any) -> Any:
+
+class BodyPlan:
+    """An algorithm's body for the calls of one shape, after a fresh validation of their
+    buffers (the other arguments are known good). The last call's arrays are kept (weak
+    references) with its `Call` without them and their dtype and canonical dtype: the next
+    call with the very same arrays skips what cannot have changed about them
+    (`Collective.again`: a quarter of `prepare`'s cost). Under a tuner every call counts down
+    to the next timed one (`Tuner.due`)."""
+    __slots__ = ("t", "spec", "alg", "choice", "tuner", "dev", "label", "params", "bare", "again",
+                 "last_send", "last_recv", "last_call", "last_dtype", "last_canonical")
+
+    def __init__(self, t: Any, spec: Any, args: dict, alg: Any, call: Call, choice: dict, tuner: Any = None,
+                 dev: Any = None) -> None:
+        self.t, self.spec, self.alg, self.choice, self.tuner, self.dev = t, spec, alg, choice, tuner, dev
+        self.label, self.params = label(spec, alg.name, call), call.params
+        self.bare = spec.with_buffers(args, None, None)      # (the arguments, no buffer: a plan keeps none)
+        self.again = spec.again if dev is None else None
+        self.last_send = self.last_recv = self.last_call = self.last_dtype = self.last_canonical = None
+
+    def run(self, sendbuf: Any, recvbuf: Any) -> Any:
+        tuner, t = self.tuner, self.t
         if tuner is not None and next(tuner.due):
-            return _timed(t, tuner, tuner.winner, run, sendbuf, recvbuf)
+            return _timed(t, tuner, tuner.winner, self.run, sendbuf, recvbuf)
         c, failed = None, None
-        if last.call is not None and recvbuf is not None and last.send() is sendbuf and last.recv() is recvbuf:
-            c = again(last.call, last.dtype, last.canonical, sendbuf, recvbuf)
+        if self.last_call is not None and recvbuf is not None and self.last_send() is sendbuf and \
+                self.last_recv() is recvbuf:
+            c = self.again(self.last_call, self.last_dtype, self.last_canonical, sendbuf, recvbuf)
             result = recvbuf
         if c is None:
-            given = spec.with_buffers(bare, sendbuf, recvbuf)
-            try:
-                c, result = spec.prepare(Edge(spec.name, t), **given)
-            except RingmpiUsageError as err:   # (see _stand_in: this rank takes part all the same)
-                fresh = _fresh(spec, given) if _stands_in(t, err) else None
-                if fresh is None:
-                    raise
-                (c, _), failed = spec.prepare(Edge(spec.name, t), **fresh), err
-            if failed is None and again is not None and recvbuf is not None and isinstance(c.send, np.ndarray):
-                last.send, last.recv, last.call = weakref.ref(sendbuf), weakref.ref(recvbuf), c._replace(send=None,
-                                                                                                           recv=None)
-                last.dtype, last.canonical = sendbuf.dtype, c.send.dtype
-        t.begin(name)
+            c, result, failed = self._prepare(sendbuf, recvbuf)
+        t.begin(self.label)
         try:
-            _run_body(t, dev, alg, c._replace(params=params) if params else c)   # (_replace only if needed)
+            _run_body(t, self.dev, self.alg, c._replace(params=self.params) if self.params else c)  # (only if needed)
         finally:
             t.end()
         if failed is not None:
             failed.stood_in = True   # type: ignore[attr-defined]
             raise failed
-        t.last_choice = choice
+        t.last_choice = self.choice
         return result
-    return run
 
-
-class _Seen:
-    """A body plan's last call: its arrays (weak references), its Call without them, and
-    their dtype and canonical dtype; the next call with the very same arrays skips what
-    cannot have changed about them (`Collective.again`: a quarter of `prepare`'s cost)."""
-    __slots__ = ("send", "recv", "call", "dtype", "canonical")
-
-    def __init__(self) -> None:
-        self.send = self.recv = self.call = self.dtype = self.canonical = None
+    def _prepare(self, sendbuf: Any, recvbuf: Any) -> tuple:
+        """The call's `Call` and result checked afresh, and the error of a rank that stands
+        in for bad buffers of its own (`_stand_in`: it takes part all the same); these
+        arrays kept for the next call where `again` can serve it."""
+        spec, failed = self.spec, None
+        given = spec.with_buffers(self.bare, sendbuf, recvbuf)
+        try:
+            c, result = spec.prepare(Edge(spec.name, self.t), **given)
+        except RingmpiUsageError as err:
+            fresh = _fresh(spec, given) if _stands_in(self.t, err) else None
+            if fresh is None:
+                raise
+            (c, result), failed = spec.prepare(Edge(spec.name, self.t), **fresh), err
+        if failed is None and self.again is not None and recvbuf is not None and isinstance(c.send, np.ndarray):
+            self.last_send, self.last_recv = weakref.ref(sendbuf), weakref.ref(recvbuf)
+            self.last_call, self.last_dtype, self.last_canonical = c._replace(send=None, recv=None), sendbuf.dtype, \
+                c.send.dtype
+        return c, result, failed
 
 
 def mpi_reference(t: Any, spec: Any, args: dict) -> Callable:
