@@ -52,6 +52,9 @@ class Collective(specs.Collective):
     """A collective as the API serves it: its spec (`ringmpi.specs`: what is true whatever
     carries it) and what the call path adds (override per collective)."""
     send_arg, recv_arg = "sendbuf", "recvbuf"   # the public function's buffer arguments
+    #: the mpi4py methods of MPI's own collective that this one serves in the drop-in
+    #: (`ringmpi.Comm`: its keyword arguments, its table of what serves what)
+    mpi_methods: tuple[str, ...] = ()
 
     def prepare(self, e: Edge, **args: Any) -> tuple[Call, Any]:
         raise NotImplementedError
@@ -90,6 +93,8 @@ _COPY_IN_PLACE = 1024
 
 
 class _Allreduce(Collective, specs.Allreduce):
+    mpi_methods = ("Allreduce",)
+
     def prepare(self, e, sendbuf, recvbuf, op, deterministic=None):
         inplace = recvbuf is not None and recvbuf is sendbuf
         send = e.array("sendbuf", sendbuf, writable=inplace)
@@ -117,6 +122,8 @@ class _Allreduce(Collective, specs.Allreduce):
 
 
 class _ReduceScatter(Collective, specs.ReduceScatter):
+    mpi_methods = ("Reduce_scatter", "Reduce_scatter_block")
+
     def prepare(self, e, sendbuf, recvbuf, op, counts=None, deterministic=None):
         inplace = recvbuf is not None and recvbuf is sendbuf
         send = e.array("sendbuf", sendbuf, writable=inplace)
@@ -142,6 +149,8 @@ class _ReduceScatter(Collective, specs.ReduceScatter):
 
 
 class _Allgather(Collective, specs.Allgather):
+    mpi_methods = ("Allgather", "Allgatherv")
+
     def prepare(self, e, sendbuf, recvbuf, counts=None):
         p, r = e.t.size, e.t.rank
         inplace = recvbuf is not None and recvbuf is sendbuf
@@ -176,6 +185,8 @@ class _Allgather(Collective, specs.Allgather):
 
 
 class _Broadcast(Collective, specs.Broadcast):
+    mpi_methods = ("Bcast",)
+
     send_arg, recv_arg = "buf", None
 
     def prepare(self, e, buf, root, segments=None):
@@ -194,6 +205,8 @@ class _Broadcast(Collective, specs.Broadcast):
 
 
 class _Reduce(Collective, specs.Reduce):
+    mpi_methods = ("Reduce",)
+
 
     def prepare(self, e, sendbuf, recvbuf, root, op, deterministic=None):
         root = e.root(root)
@@ -234,6 +247,8 @@ class _Reduce(Collective, specs.Reduce):
 
 
 class _Alltoall(Collective, specs.Alltoall):
+    mpi_methods = ("Alltoall",)
+
     def prepare(self, e, sendbuf, recvbuf):
         p = e.t.size
         inplace = recvbuf is not None and recvbuf is sendbuf

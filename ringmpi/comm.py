@@ -56,14 +56,7 @@ from .ops import SUPPORTED_DTYPES, check_op_dtype, is_half
 __all__ = ["Comm", "COLLECTIVES", "stats"]
 
 #: the keyword arguments of Comm(...): which ringmpi collective serves which mpi4py calls
-COLLECTIVES = {
-    "allreduce": ("Allreduce",),
-    "reduce": ("Reduce",),
-    "broadcast": ("Bcast",),
-    "allgather": ("Allgather", "Allgatherv"),
-    "alltoall": ("Alltoall",),
-    "reduce_scatter": ("Reduce_scatter", "Reduce_scatter_block"),
-}
+COLLECTIVES = {name: spec.mpi_methods for name, spec in _c.SPECS.items()}
 _OPS = ((MPI.SUM, "SUM"), (MPI.PROD, "PROD"), (MPI.MAX, "MAX"), (MPI.MIN, "MIN"), (MPI.LAND, "LAND"),
         (MPI.LOR, "LOR"), (MPI.LXOR, "LXOR"), (MPI.BAND, "BAND"), (MPI.BOR, "BOR"), (MPI.BXOR, "BXOR"))
 _OP_IDS = {id(mop): name for mop, name in _OPS}   # the module's constants live as long as MPI
@@ -232,8 +225,7 @@ _BYTES_LIKE = (bytearray, mmap.mmap, memoryview)
 #: the dtypes of bare arrays whose calls `_Kept` may pass to mpi4py as they are (numpy's
 #: own instances: a call's dtype is compared by identity)
 _ARRAY_DTYPES = frozenset(d for d in SUPPORTED_DTYPES if not is_half(d))
-_LABELS = {"Allreduce": "allreduce/mpi", "Bcast": "broadcast/mpi", "Allgather": "allgather/mpi",
-           "Alltoall": "alltoall/mpi"}
+_LABELS = {method: f"{name}/mpi" for name, methods in COLLECTIVES.items() for method in methods}
 
 
 _ALL_KEPT: list = []   # the `_Kept` in use (for `stats`: the calls each passed; `_retire` folds them in)
