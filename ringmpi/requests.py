@@ -24,8 +24,9 @@ starts. A caller polling yields the core with sched_yield, never time.sleep(0), 
 sleeps Linux's timer slack (50-70 us) each time. The progress thread never
 waits inside MPI (Open MPI spins there, and would take the core the caller computes on): it
 tests, and sleeps between tests, less and less often while nothing completes, and not at
-all while a caller waits for one of its requests. With nothing in flight it lingers awake
-a few milliseconds (a start then need not wake it), then sleeps on a condition.
+all while a caller waits for one of its requests. With nothing to do it naps, longer and
+longer, then sleeps on a condition; a start wakes it only for a request that is worth a
+wake (`Engine._loop`): each wake takes a core and the GIL from the ranks.
 
 While requests are in flight, a blocking call's own messages are waited for by testing
 them and the requests of its thread in turn, so a rank blocked in one collective still
