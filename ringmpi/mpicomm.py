@@ -231,16 +231,23 @@ class _Wire(CountedMemory, PrivateMemory, ReceiveThenReduce):
     def library(self, function: str, *args: Any) -> None:
         """Call communicator method `function` (e.g. "Allreduce") with ringmpi's arguments
         (arrays, IN_PLACE, op names), following ringmpi's rules for counts and NaN."""
-        op = next((a for a in args if isinstance(a, str)), None)
-        arrays = [a for a in args if isinstance(a, np.ndarray)]
+        op, arrays, given = None, [], []    # (one pass: a request's start at 8 B is mostly Python)
+        for a in args:
+            if type(a) is str:
+                op = op or a
+                given.append(_MPI_OPS[a])
+            elif isinstance(a, np.ndarray):
+                arrays.append(a)
+                given.append(wire(a))
+            else:
+                given.append(MPI.IN_PLACE if a is IN_PLACE else a)
         if op in ("MAX", "MIN") and arrays and arrays[-1].dtype.kind == "f":
             self._nan_propagating(function, args, op)
             return
         if function in _ELEMENTWISE and max((a.size for a in arrays), default=0) > self.max_count:
             self._in_pieces(function, args, arrays)
             return
-        self._invoke(function, [MPI.IN_PLACE if a is IN_PLACE else _MPI_OPS[a] if isinstance(a, str) else
-                                wire(a) if isinstance(a, np.ndarray) else a for a in args])
+        self._invoke(function, given)
 
     def native_serves(self, call: Any) -> bool:
         """Whether the library's own collective can take `call`: its counts are C ints, but
@@ -804,7 +811,7 @@ class RequestView(_Wire):
         if self._alone():
             getattr(self.comm, function)(*args)
             return
-        self._await([getattr(self.comm, "I" + function[0].lower() + function[1:])(*args)])
+        self._await([getattr(self.comm, _NONBLOCKING.get(function) or _nonblocking(function))(*args)])
 
     def ready(self) -> bool:
         """Whether the messages in flight are complete (MPI's error in them raised here)."""
@@ -887,6 +894,12 @@ def _polled(test: Callable[[], bool]) -> bool:
 
 
 _ELEMENTWISE = ("Allreduce", "Reduce", "Bcast")
+_NONBLOCKING: dict[str, str] = {}   # a communicator method -> its nonblocking one ("Allreduce" -> "Iallreduce")
+
+
+def _nonblocking(function: str) -> str:
+    name = _NONBLOCKING[function] = "I" + function[0].lower() + function[1:]
+    return name
 _CUT = frozenset({"allreduce", "reduce", "broadcast"})   # the collectives whose own call is one of those
 _ABANDONED: list = []   # (MPI requests, scratch) of request rounds that failed (`RequestView._await`)
 _UNTIL = [None]         # a request's `pending` while it waits for a test, not for MPI requests
