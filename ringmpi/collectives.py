@@ -207,7 +207,6 @@ class _Broadcast(Collective, specs.Broadcast):
 class _Reduce(Collective, specs.Reduce):
     mpi_methods = ("Reduce",)
 
-
     def prepare(self, e, sendbuf, recvbuf, root, op, deterministic=None):
         root = e.root(root)
         at_root = e.t.rank == root

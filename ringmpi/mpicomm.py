@@ -895,16 +895,16 @@ def _polled(test: Callable[[], bool]) -> bool:
 
 _ELEMENTWISE = ("Allreduce", "Reduce", "Bcast")
 _NONBLOCKING: dict[str, str] = {}   # a communicator method -> its nonblocking one ("Allreduce" -> "Iallreduce")
-
-
-def _nonblocking(function: str) -> str:
-    name = _NONBLOCKING[function] = "I" + function[0].lower() + function[1:]
-    return name
 _CUT = frozenset({"allreduce", "reduce", "broadcast"})   # the collectives whose own call is one of those
 _ABANDONED: list = []   # (MPI requests, scratch) of request rounds that failed (`RequestView._await`)
 _UNTIL = [None]         # a request's `pending` while it waits for a test, not for MPI requests
 _ERROR_CLASSES = {getattr(MPI, n): f"MPI_{n}" for n in sorted(dir(MPI), reverse=True)
                   if n.startswith("ERR_") and isinstance(getattr(MPI, n), int) and n != "ERR_LASTCODE"}
+
+
+def _nonblocking(function: str) -> str:
+    name = _NONBLOCKING[function] = "I" + function[0].lower() + function[1:]
+    return name
 
 
 # -- MPI's own collective for a Call: which library function, with which arguments ----------

@@ -245,7 +245,7 @@ class Engine:
             self.active[req] = None
             if thread:
                 if self.thread is None:   # (not `is_alive()` at every start: it takes a lock;
-                    self._ensure_thread()  # a thread gone and a fork's child forget it)
+                    self._ensure_thread()  # a thread that ended forgets itself)
                 worth = req.wakes or len(self.active) > 1
                 if worth:
                     self.lively = req.started + LIVELY
@@ -602,8 +602,11 @@ _MAKING = threading.Lock()
 
 
 def _after_fork() -> None:
-    if _ENGINE:   # (the child has no progress thread, whatever the parent's engine says)
-        _ENGINE[0].thread = None
+    """A fork's child has none of its parent's requests (MPI does not follow a fork), nor its
+    progress thread, and maybe a lock its parent's other thread held: a fresh engine at its
+    first use."""
+    _ENGINE.clear()
+    ACTIVE.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork)

@@ -99,7 +99,8 @@ def test_labels_that_cannot_both_be_right():
 
 def test_the_progress_thread_is_made_again_where_it_is_gone():
     """The engine knows its thread without asking it at every start (`is_alive` takes a
-    lock): a thread that ended, and a fork's child (which has no thread), make a new one."""
+    lock): a fork's child (which has no thread, nor its parent's requests) gets a fresh
+    engine whose first start makes its own thread."""
     from ringmpi import requests
     eng = requests.Engine()
     eng._ensure_thread()
@@ -108,10 +109,11 @@ def test_the_progress_thread_is_made_again_where_it_is_gone():
     requests._ENGINE.insert(0, eng)
     try:
         pid = os.fork()
-        if pid == 0:   # the child: the parent's thread is not here; a start makes its own
-            eng._ensure_thread()
-            os._exit(0 if eng.thread is not None and eng.thread.is_alive() else 3)
+        if pid == 0:
+            child = requests.engine()
+            child._ensure_thread()
+            os._exit(0 if child is not eng and child.thread.is_alive() and not requests.ACTIVE else 3)
         assert os.waitpid(pid, 0)[1] == 0
-        assert eng.thread is first   # (the parent keeps its own)
+        assert requests.engine() is eng and eng.thread is first   # (the parent keeps its own)
     finally:
         requests._ENGINE.remove(eng)
