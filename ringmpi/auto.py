@@ -310,12 +310,20 @@ class Tuner:
     twice as fast as in a loop, and won where ring_shm was faster; benchmarks/README.md). A
     candidate far slower than the best thus costs two calls, a close one 3 + STAGE1. Every
     rank makes the same calls in the same order, so every rank's tuner walks the same
-    schedule and exchanges at the same call: the decisions agree by construction."""
+    schedule and exchanges at the same call: the decisions agree by construction. Settled,
+    one call in `sample` is timed: the winner gives way to another whose tuned time is
+    HYSTERESIS below its steady one, and where none is (their tuned times are as stale as
+    its own), a winner REEXPLORE times slower than tuned sends the bucket back to
+    exploring."""
     key: tuple
     candidates: list
     verbose: bool = False
     seed: dict | None = None
     PRUNE0, STAGE1, CHECK, HYSTERESIS = 2.0, 3, 16, 1.10
+    # a winner whose steady time is REEXPLORE x its tuned one was chosen on times from
+    # another state (a cold start, a noisy moment): the candidates are explored again, at
+    # most REEXPLORES times a bucket (benchmarks/README.md, "auto settled on a slow algorithm")
+    REEXPLORE, REEXPLORES = 2.0, 2
     # monitoring: a timed call costs about SAMPLE_COST more (two clock reads, the tuner's
     # bookkeeping, 1/CHECK of a MAX exchange); one call in `sample` is timed, so that this
     # stays near SHARE of the bucket's time: every 50th of 1 us calls, every 4th of 1 ms ones
@@ -334,6 +342,7 @@ class Tuner:
     explored_s: float = 0.0  # time spent in exploration calls (this rank, then MAX over ranks)
     explored_calls: int = 0
     calls: int = 0
+    reexplored: int = 0      # times the candidates were explored again (`done`)
 
     def __post_init__(self) -> None:
         self._rate(0.0)
@@ -341,9 +350,13 @@ class Tuner:
             self.winner, self.tuned = self.seed["winner"], dict(self.seed["tuned"])
             self._settled()
         else:
-            self.schedule = [(c, r > 0) for c in self.candidates for r in range(2)]
-            self.times = {c: [] for c in self.candidates}
-            self.stage = 0
+            self._explore()
+
+    def _explore(self) -> None:
+        """Stage 0 from the start: every candidate once untimed, once timed."""
+        self.winner, self.stage, self.explored_calls, self.explored_s = None, 0, 0, 0.0
+        self.schedule = [(c, r > 0) for c in self.candidates for r in range(2)]
+        self.times = {c: [] for c in self.candidates}
 
     def pick(self) -> dict:
         """The algorithm for the next call of the bucket, and whether to time it."""
@@ -375,6 +388,13 @@ class Tuner:
             self._settled()
             self._say(f"switch {old} -> {self.winner}: {old} now {now * 1e6:.1f} us, "
                       f"{self.winner} tuned {others[0][0] * 1e6:.1f} us")
+            return True
+        if now > self.REEXPLORE * self.tuned[self.winner] and self.reexplored < self.REEXPLORES and \
+                len(self.candidates) > 1:
+            self.reexplored, self.seed = self.reexplored + 1, None
+            self._say(f"explore again: {self.winner} now {now * 1e6:.1f} us, tuned "
+                      f"{self.tuned[self.winner] * 1e6:.1f} us")
+            self._explore()
             return True
         self._rate(now)   # from the winner's time in steady state (the exploration's lone calls run cold)
         return False

@@ -148,6 +148,33 @@ def test_online_tuning_switches_only_past_the_hysteresis():
     assert changed[-1] is True and tuner.winner == "ring" and tuner.tuned["mpi"] == pytest.approx(13.5e-6)
 
 
+def test_a_winner_far_slower_than_it_was_tuned_sends_the_bucket_back_to_exploring():
+    """A winner chosen on times from another state (a cold start, a noisy moment: "tree"
+    tuned at 10 us, the others at 40-45) that runs at 3x its tuned time in steady state,
+    with no other tuned time 10% below it: the candidates are explored afresh, and the
+    times of now decide; at most REEXPLORES times a bucket."""
+    settings.reload({})
+    t = fake_transport(Profile(alpha=5e-6, beta=1 / 5e9, gamma=1 / 10e9), size=2)
+    key = ("allreduce", "float32", "SUM", 17, ())
+    tuner = auto.Tuner(key, ["mpi", "tree", "ring"], seed={"winner": "tree",
+                                                           "tuned": {"tree": 10e-6, "mpi": 40e-6, "ring": 45e-6}})
+
+    def explore_at(times: dict) -> None:
+        while tuner.winner is None:
+            name = tuner.pick()["algorithm"]
+            tuner.done(t, name, times[name])
+    changed = [tuner.done(t, "tree", 30e-6) for _ in range(tuner.CHECK)]
+    assert changed[-1] is True and not any(changed[:-1]) and tuner.winner is None
+    now = {"mpi": 10e-6, "tree": 40e-6, "ring": 45e-6}
+    explore_at(now)
+    assert tuner.winner == "mpi" and tuner.tuned == pytest.approx(now) and tuner.exploration_cost is not None
+    for _ in range(auto.Tuner.REEXPLORES - 1):   # mpi now 3x its tuned time, below the others: again
+        assert [tuner.done(t, "mpi", 30e-6) for _ in range(tuner.CHECK)][-1] is True and tuner.winner is None
+        explore_at(now)
+    assert tuner.reexplored == auto.Tuner.REEXPLORES and tuner.winner == "mpi"
+    assert not any(tuner.done(t, "mpi", 30e-6) for _ in range(tuner.CHECK)) and tuner.winner == "mpi"
+
+
 def test_monitoring_costs_about_one_percent_of_the_bucket():
     """A settled bucket times one call in `sample`: rarely for microsecond calls (a timed
     call costs ~0.5 us of bookkeeping), often for long ones, within [4, 256]; the rate comes
