@@ -299,8 +299,9 @@ class Tuner:
     Exploration in two stages, each candidate's calls back to back (a call's time depends on
     what ran before it: a different algorithm leaves the MPI library's queues and the
     caches in another state, so round-robin timings misjudge the steady state).
-    Stage 0: every candidate once untimed (first-touch costs) and once timed; combined
-    across ranks (MAX), a candidate stays if within PRUNE0 of the fastest. Stage 1: those
+    Stage 0: every candidate twice, the first call cold (first-touch costs); the faster of
+    the two, combined across ranks (MAX), keeps a candidate if within PRUNE0 of the fastest
+    (a preemption in one call must not rule out the best). Stage 1: those
     again, once untimed (the first call after another algorithm's pays for the switch,
     several times a steady call) and STAGE1 times timed, MPI's own always among them (one
     unlucky call must not rule out the library). A candidate's score is the mean of its
@@ -401,13 +402,16 @@ class Tuner:
 
     def _explored(self, t: Any, name: str, seconds: float) -> bool:
         self.explored_s += seconds
-        if self.schedule[self.explored_calls][1]:
+        if self.stage == 0 or self.schedule[self.explored_calls][1]:
             self.times[name].append(seconds)
         self.explored_calls += 1
         if self.explored_calls < len(self.schedule):
             return False
         live = [c for c in self.candidates if self.times.get(c)]
-        every = t.allreduce_max([statistics.fmean(self.times[c]) for c in live])
+        # (stage 0: the faster of a candidate's two calls, the first one cold: one timed call
+        # that a preemption stretched 5x kept the fastest algorithm out of stage 1)
+        score = min if self.stage == 0 else statistics.fmean
+        every = t.allreduce_max([score(self.times[c]) for c in live])
         self.tuned.update(zip(live, every))
         if self.stage == 0:
             best = min(every)
