@@ -354,7 +354,7 @@ class Tuner:
             self._explore()
 
     def _explore(self) -> None:
-        """Stage 0 from the start: every candidate once untimed, once timed."""
+        """Stage 0 from the start: every candidate twice, the first call cold."""
         self.winner, self.stage, self.explored_calls, self.explored_s = None, 0, 0, 0.0
         self.schedule = [(c, r > 0) for c in self.candidates for r in range(2)]
         self.times = {c: [] for c in self.candidates}
