@@ -233,7 +233,7 @@ class _Wire(CountedMemory, PrivateMemory, ReceiveThenReduce):
         (arrays, IN_PLACE, op names), following ringmpi's rules for counts and NaN."""
         op, arrays, given = None, [], []    # (one pass: a request's start at 8 B is mostly Python)
         for a in args:
-            if type(a) is str:
+            if isinstance(a, str):
                 op = op or a
                 given.append(_MPI_OPS[a])
             elif isinstance(a, np.ndarray):
@@ -811,7 +811,7 @@ class RequestView(_Wire):
         if self._alone():
             getattr(self.comm, function)(*args)
             return
-        self._await([getattr(self.comm, _NONBLOCKING.get(function) or _nonblocking(function))(*args)])
+        self._await([getattr(self.comm, _nonblocking(function))(*args)])
 
     def ready(self) -> bool:
         """Whether the messages in flight are complete (MPI's error in them raised here)."""
@@ -894,7 +894,6 @@ def _polled(test: Callable[[], bool]) -> bool:
 
 
 _ELEMENTWISE = ("Allreduce", "Reduce", "Bcast")
-_NONBLOCKING: dict[str, str] = {}   # a communicator method -> its nonblocking one ("Allreduce" -> "Iallreduce")
 _CUT = frozenset({"allreduce", "reduce", "broadcast"})   # the collectives whose own call is one of those
 _ABANDONED: list = []   # (MPI requests, scratch) of request rounds that failed (`RequestView._await`)
 _UNTIL = [None]         # a request's `pending` while it waits for a test, not for MPI requests
@@ -902,9 +901,11 @@ _ERROR_CLASSES = {getattr(MPI, n): f"MPI_{n}" for n in sorted(dir(MPI), reverse=
                   if n.startswith("ERR_") and isinstance(getattr(MPI, n), int) and n != "ERR_LASTCODE"}
 
 
+@functools.cache
 def _nonblocking(function: str) -> str:
-    name = _NONBLOCKING[function] = "I" + function[0].lower() + function[1:]
-    return name
+    """A communicator method's nonblocking one ("Allreduce" -> "Iallreduce"), looked up,
+    not built, at a request's start."""
+    return "I" + function[0].lower() + function[1:]
 
 
 # -- MPI's own collective for a Call: which library function, with which arguments ----------
