@@ -69,6 +69,9 @@ class PlanCache:
         self.plans: dict = {}
         self.memos: dict[str, Memo] = {}
         self.generation = 0
+        #: called by `forget`: caches elsewhere that drop their entries then rather than
+        #: compare `generation` at every call (ringmpi.Comm's kept forms)
+        self.on_forget: list[Callable[[], None]] = []
 
     def memo(self, name: str) -> Memo:
         return self.memos.setdefault(name, Memo())
@@ -78,6 +81,8 @@ class PlanCache:
         self.plans.clear()
         for memo in self.memos.values():
             memo.plan = None
+        for hook in self.on_forget:
+            hook()
 
 
 CACHE = PlanCache()

@@ -41,7 +41,7 @@ import operator
 import weakref
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Literal, NamedTuple, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -222,6 +222,8 @@ def _message(msg: Any, writable: bool) -> _Msg | None:
 
 
 _BYTES_LIKE = (bytearray, mmap.mmap, memoryview)
+_IN_PLACE = MPI.IN_PLACE
+_BCAST, _ALLREDUCE = MPI.Intracomm.Bcast, MPI.Intracomm.Allreduce
 #: the dtypes of bare arrays whose calls `_Kept` may pass to mpi4py as they are (numpy's
 #: own instances: a call's dtype is compared by identity)
 _ARRAY_DTYPES = frozenset(d for d in SUPPORTED_DTYPES if not is_half(d))
@@ -229,96 +231,123 @@ _LABELS = {method: f"{name}/mpi" for name, methods in COLLECTIVES.items() for me
 
 
 _ALL_KEPT: list = []   # the `_Kept` in use (for `stats`: the calls each passed; `_retire` folds them in)
+#: the methods whose buffer forms `_Kept` passes to mpi4py as they are, and the `Comm`
+#: attribute that holds each one's
+_KEPT_METHODS = {"Allreduce": "_kept_allreduce", "Bcast": "_kept_bcast", "Allgather": "_kept_allgather",
+                 "Alltoall": "_kept_alltoall"}
+
+
+def _forget_kept() -> None:
+    """The plans are forgotten (`api.PlanCache.forget`): every kept form is retired."""
+    for kept in list(_ALL_KEPT):
+        _retire(kept)
+
+
+CACHE.on_forget.append(_forget_kept)
 
 
 def _retire(kept: "_Kept") -> None:
-    """A `_Kept` no longer used (replaced, refused, or beyond the 256 most recent): its calls
+    """A `_Kept` no longer used (the plans forgotten, replaced, refused, or beyond the 256
+    most recent): nothing fits it any more, so the next call of its method takes the full
+    path (inline: no kind matches None; `_Kept.fits`: no generation is -1), and its calls
     go to CALLS."""
+    kept.kind, kept.generation = None, -1
     CALLS[kept.method] += kept.calls
     kept.calls = 0
     if kept in _ALL_KEPT:
         _ALL_KEPT.remove(kept)
 
 
+class _Form(NamedTuple):
+    """What decides a call of one buffer specification (`_form`): the buffer's type, the
+    count (a whole buffer's bytes, negated; an array's elements) and the datatype (an
+    array's dtype)."""
+    kind: type
+    count: int
+    datatype: Any
+
+
 class _Kept:
     """Buffer forms of one method that ringmpi decided are MPI's own (`Comm._note`), and
     the plan cache's generation then (a tuner's switch, new settings or profile, a freed
-    communicator forget them): `run` compares a call's specifications with them field by
-    field (no key built, nothing hashed), then calls MPI's own on them as they are, with
-    the stall watch's bookkeeping of a direct plan; an argument mpi4py refuses goes back to
-    the full path, which explains or serves it."""
-    __slots__ = ("method", "function", "label", "generation", "a", "b", "extra", "arrays", "calls")
+    communicator forget them: `_forget_kept`). The method's `Comm` override compares a
+    call with them field by field, the common `[buf, count, type]` inline (no key built,
+    nothing hashed), and calls MPI's own on the arguments as they are, with the stall
+    watch's bookkeeping of a direct plan (`refused`: an argument mpi4py refuses goes back
+    to the full path, which explains or serves it). That comparison and bookkeeping are
+    written out in each of `Comm.Bcast`, `Comm.Allreduce` and `_blocks_method`, not called:
+    a Python frame costs about a tenth of mpi4py's whole call at a few bytes, the difference
+    between 1.6x and 1.45x plain mpi4py's time (benchmarks/README.md, "The drop-in's kept
+    calls in one frame")."""
+    __slots__ = ("method", "function", "label", "generation", "transport", "send", "recv", "extra", "kind",
+                 "count", "datatype", "calls")
 
-    def __init__(self, method: str, key: tuple, generation: int) -> None:
+    def __init__(self, method: str, key: tuple, generation: int, transport: Any) -> None:
         self.method, self.function, self.label = method, getattr(MPI.Intracomm, method), _LABELS[method]
-        self.generation = generation
-        self.a, self.b, self.extra = (key[0], None, key[1]) if len(key) == 2 else key
-        self.arrays = self.b is not None and self.b[0] is np.ndarray   # (a second buffer that is an array)
+        self.generation, self.transport = generation, transport
+        #: the first buffer's form (True: MPI.IN_PLACE), the second's (None: a one-buffer call),
+        #: the call's other argument (the op, the root, or None)
+        self.send, self.recv, self.extra = (key[0], None, key[1]) if len(key) == 2 else key
+        #: the last buffer's form (`recv`, or a one-buffer call's `send`) field by field, for the
+        #: inline comparison (an attribute of a tuple costs twice one of these)
+        last = self.send if self.recv is None else self.recv
+        self.kind, self.count, self.datatype = last if last is not True else (None, None, None)
         self.calls = 0
         _ALL_KEPT.append(self)
         if len(_ALL_KEPT) > 256:
             _retire(_ALL_KEPT[0])
 
-    def run(self, comm: "Comm", a: Any, b: Any, c: Any, extra: Any) -> bool:
-        """MPI's own `method(a, b[, c])` if the call fits (`b` is the second buffer, or for
-        a one-buffer call its root); False: the caller takes the full path."""
-        if self.generation != CACHE.generation or extra is not self.extra and extra != self.extra:
+    def pair(self, a: Any, b: Any) -> bool:
+        """A two-buffer call fits (`fits`), `[buf, count, type]` and IN_PLACE compared inline."""
+        if type(b) is list and len(b) == 3 and b[2] is self.datatype and b[1] == self.count and \
+                type(b[0]) is self.kind:
+            f = self.send
+            return a is _IN_PLACE if f is True else (
+                type(a) is list and len(a) == 3 and a[2] is f.datatype and a[1] == f.count and type(a[0]) is f.kind
+                or _fits(a, f))
+        return self.fits(a, b)
+
+    def fits(self, a: Any, b: Any) -> bool:
+        """The general comparison, for what the inline one in `Comm` does not take: lists of
+        two, tuples, bare arrays (two that may overlap take the full path, which explains or
+        serves them; two that own their memory cannot, and the bounds check costs as much as
+        the call)."""
+        if self.generation != CACHE.generation or not (a is _IN_PLACE if self.send is True else _fits(a, self.send)):
             return False
-        form = self.a   # (inline `_fits`: a function call costs as much as the comparison)
-        if form is True:
-            if a is not MPI.IN_PLACE:
-                return False
-        elif (type(a) is not list and type(a) is not tuple) or len(a) != 3 or a[2] is not form[2] or \
-                a[1] != form[1] or type(a[0]) is not form[0] or type(a[1]) is not int:
-            if not _fits(a, form):
-                return False
-        form = self.b
-        if form is not None and ((type(b) is not list and type(b) is not tuple) or len(b) != 3 or
-                                 b[2] is not form[2] or b[1] != form[1] or type(b[0]) is not form[0] or
-                                 type(b[1]) is not int) and not _fits(b, form):
+        if b is None:
+            return True
+        if not _fits(b, self.recv):
             return False
-        if self.arrays and type(a) is np.ndarray and (
-                a is b or (a.base is not None or b.base is not None) and np.may_share_memory(a, b)):
-            return False   # (the full path explains or serves arrays that overlap; two that own
-                           # their memory cannot, and the bounds check costs as much as the call)
-        t = comm._t
-        if t is None or t.freed:
-            t = comm._transport()
-        if ACTIVE:
-            progress()
-        t.current = t.seq = t.seq + 1
-        t.busy = self.label
-        try:
-            if c is None:
-                self.function(comm, a, b)
-            else:
-                self.function(comm, a, b, c)
-        except (BufferError, ValueError, TypeError):
+        return type(a) is not np.ndarray or not (a is b or (a.base is not None or b.base is not None)
+                                                 and np.may_share_memory(a, b))
+
+    def refused(self, comm: "Comm", err: BaseException) -> None:
+        """MPI's own call raised `err`: mpi4py refused the arguments (the caller takes the
+        full path), or MPI failed (the other ranks are told, as in a plan)."""
+        t = self.transport
+        if isinstance(err, (BufferError, ValueError, TypeError)):
             t.current = t.seq = t.seq - 1
             t.busy = None
-            _retire(comm._kept.pop(self.method, self))
-            return False
-        except BaseException as err:   # (MPI's own error: the other ranks are told, as in a plan)
-            raised = t.failed(err)
-            t.busy = None
-            raise raised from err
+            comm._unnote(self)
+            return
+        raised = t.failed(err)
         t.busy = None
-        self.calls += 1
-        return True
+        raise raised from err
 
 
-def _fits(msg: Any, form: Any) -> bool:
+def _fits(msg: Any, form: "_Form | Literal[True]") -> bool:
     """`msg` has `form` (`_form`)."""
     if form is True:
         return msg is MPI.IN_PLACE
     if type(msg) is np.ndarray:   # (one not contiguous: the full path, which serves it or says why not)
-        return form[0] is np.ndarray and msg.dtype is form[2] and msg.size == form[1] and msg.flags.c_contiguous
+        return form.kind is np.ndarray and msg.dtype is form.datatype and msg.size == form.count and \
+            msg.flags.c_contiguous
     if type(msg) is not list and type(msg) is not tuple:
         return False
-    kind, count, dt = form
     if len(msg) == 3:
-        return count >= 0 and msg[2] is dt and msg[1] == count and type(msg[0]) is kind and type(msg[1]) is int
-    return len(msg) == 2 and count < 0 and msg[1] is dt and type(msg[0]) is kind and len(msg[0]) == -count
+        return form.count >= 0 and msg[2] is form.datatype and msg[1] == form.count and type(msg[0]) is form.kind
+    return len(msg) == 2 and form.count < 0 and msg[1] is form.datatype and type(msg[0]) is form.kind and \
+        len(msg[0]) == -form.count
 
 
 def _form(msg: Any) -> Any:
@@ -332,7 +361,7 @@ def _form(msg: Any) -> Any:
         return True
     if type(msg) is np.ndarray:
         dt = msg.dtype
-        return (np.ndarray, msg.size, dt) if dt in _ARRAY_DTYPES and msg.flags.c_contiguous else None
+        return _Form(np.ndarray, msg.size, dt) if dt in _ARRAY_DTYPES and msg.flags.c_contiguous else None
     if type(msg) is not list and type(msg) is not tuple:
         return None
     n = len(msg)
@@ -349,7 +378,7 @@ def _form(msg: Any) -> Any:
         return None
     if type(buf) not in _BYTES_LIKE or type(dt) is not MPI.Datatype:
         return None
-    return type(buf), count, dt
+    return _Form(type(buf), count, dt)
 
 
 def _forms(a: Any, b: Any, extra: Any) -> tuple | None:
@@ -379,6 +408,36 @@ def _counts(x: Any, p: int) -> list[int] | None:
     return None if any(c is None for c in out) else out
 
 
+def _blocks_method(method: str, collective: str, whole_send: bool) -> Callable:
+    """`Comm.Allgather` and `Comm.Alltoall`: a call that fits the method's `_Kept` runs MPI's
+    own; the others are parsed (`Comm._blocks`) and served by ringmpi or left to mpi4py."""
+    kept_of = operator.attrgetter(_KEPT_METHODS[method])
+    plain = getattr(MPI.Intracomm, method)
+
+    def blocks(self: "Comm", sendbuf: Any, recvbuf: Any) -> None:
+        kept = kept_of(self)
+        if kept is not None and kept.pair(sendbuf, recvbuf):
+            t = kept.transport   # (MPI's own, as `_Kept` says; inline: see `_Kept.refused`)
+            if ACTIVE:
+                progress()
+            t.current = t.seq = t.seq + 1
+            t.busy = kept.label
+            try:
+                kept.function(self, sendbuf, recvbuf)
+            except BaseException as err:
+                kept.refused(self, err)
+            else:
+                t.busy = None
+                kept.calls += 1
+                return
+        key = _forms(sendbuf, recvbuf, None)
+        if not self._serve(method, self._blocks(collective, sendbuf, recvbuf, whole_send), key):
+            plain(self, sendbuf, recvbuf)
+
+    blocks.__name__ = blocks.__qualname__ = method
+    return blocks
+
+
 class Comm(MPI.Intracomm):
     """An mpi4py intracommunicator whose buffer collectives run ringmpi (see the module doc).
 
@@ -399,7 +458,11 @@ class Comm(MPI.Intracomm):
     _algorithms: dict[str, str] = {}   # class default: objects mpi4py makes itself (Dup) get "auto"
     _hot: dict | None = None           # Allreduce's hot path: id(recvbuf) -> `_Hot`
     _requests: dict | None = None      # the nonblocking calls' memos: collective -> `collectives.RequestMemo`
-    _kept: dict | None = None          # method -> the buffer forms it passes to mpi4py as they are (`_Kept`)
+    # each method's buffer forms passed to mpi4py as they are (`_Kept`; `_KEPT_METHODS`)
+    _kept_allreduce: "_Kept | None" = None
+    _kept_bcast: "_Kept | None" = None
+    _kept_allgather: "_Kept | None" = None
+    _kept_alltoall: "_Kept | None" = None
     _t: Any = None                     # this communicator's transport
 
     def __new__(cls, comm: MPI.Intracomm | None = None, **algorithm: str) -> "Comm":
@@ -478,9 +541,25 @@ class Comm(MPI.Intracomm):
                     (hit.in_place or sendbuf.dtype is hit.send_dtype):
                 hit.plan(recvbuf if hit.in_place else sendbuf, recvbuf)
                 return
-        kept = self._kept.get("Allreduce") if self._kept else None
-        if kept is not None and kept.run(self, sendbuf, recvbuf, op, op):
-            return
+        kept = self._kept_allreduce
+        if kept is not None and (op is kept.extra or op == kept.extra) and (
+                type(recvbuf) is list and len(recvbuf) == 3 and recvbuf[2] is kept.datatype and
+                recvbuf[1] == kept.count and type(recvbuf[0]) is kept.kind and
+                (sendbuf is _IN_PLACE if kept.send is True else _fits(sendbuf, kept.send))
+                or kept.fits(sendbuf, recvbuf)):
+            t = kept.transport   # (MPI's own, as `_Kept` says; inline: see `_Kept.refused`)
+            if ACTIVE:
+                progress()
+            t.current = t.seq = t.seq + 1
+            t.busy = kept.label
+            try:
+                _ALLREDUCE(self, sendbuf, recvbuf, op)
+            except BaseException as err:
+                kept.refused(self, err)
+            else:
+                t.busy = None
+                kept.calls += 1
+                return
         # (bare arrays have their own path, `_hot`: the plan called with datatypes given
         # costs mpi4py less than the arrays as they are)
         key = _forms(sendbuf, recvbuf, op) if type(recvbuf) is not np.ndarray else None
@@ -538,9 +617,23 @@ class Comm(MPI.Intracomm):
         return None
 
     def Bcast(self, buf: Any, root: int = 0) -> None:
-        kept = self._kept.get("Bcast") if self._kept else None
-        if kept is not None and kept.run(self, buf, root, None, root):
-            return
+        kept = self._kept_bcast
+        if kept is not None and root == kept.extra and (
+                type(buf) is list and len(buf) == 3 and buf[2] is kept.datatype and buf[1] == kept.count
+                and type(buf[0]) is kept.kind or kept.fits(buf, None)):
+            t = kept.transport   # (MPI's own, as `_Kept` says; inline: see `_Kept.refused`)
+            if ACTIVE:
+                progress()
+            t.current = t.seq = t.seq + 1
+            t.busy = kept.label
+            try:
+                _BCAST(self, buf, root)
+            except BaseException as err:
+                kept.refused(self, err)
+            else:
+                t.busy = None
+                kept.calls += 1
+                return
         key = _forms(buf, None, root)
         if not self._serve("Bcast", self._bcast(buf, root), key):
             super().Bcast(buf, root)
@@ -557,13 +650,7 @@ class Comm(MPI.Intracomm):
             v = v.copy()      # ringmpi's broadcast takes one writable buffer; the root's is only read
         return _Served("broadcast", dict(buf=v, root=root))
 
-    def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
-        kept = self._kept.get("Allgather") if self._kept else None
-        if kept is not None and kept.run(self, sendbuf, recvbuf, None, None):
-            return
-        key = _forms(sendbuf, recvbuf, None)
-        if not self._serve("Allgather", self._blocks("allgather", sendbuf, recvbuf, whole_send=False), key):
-            super().Allgather(sendbuf, recvbuf)
+    Allgather = _blocks_method("Allgather", "allgather", whole_send=False)
 
     def _blocks(self, collective: str, sendbuf: Any, recvbuf: Any, whole_send: bool) -> "_Served | None":
         """Allgather and Alltoall, when both messages are arrays ringmpi serves exactly (the
@@ -602,15 +689,27 @@ class Comm(MPI.Intracomm):
         numpy views and checks that cost several times a small call itself (benchmarks/README.md,
         the drop-in in mpi4py's demo style). Kept until the plans
         are forgotten (a tuner's switch, new settings or profile, a freed communicator)."""
-        choice = self._transport().last_choice or {}
+        t = self._transport()
+        choice = t.last_choice or {}
         tuner = choice.get("tuner")
         if choice.get("algorithm") == "mpi" and (tuner is None or tuner.winner == "mpi"):
-            if self._kept is None:
-                self._kept = {}
-            old = self._kept.get(method)
+            attribute = _KEPT_METHODS[method]
+            old = getattr(self, attribute)
             if old is not None:
                 _retire(old)
-            self._kept[method] = _Kept(method, key, CACHE.generation)
+            setattr(self, attribute, _Kept(method, key, CACHE.generation, t))
+
+    def _unnote(self, kept: "_Kept") -> None:
+        """mpi4py refused a call that fit `kept`: its forms go back to the full path."""
+        attribute = _KEPT_METHODS[kept.method]
+        if getattr(self, attribute) is kept:
+            setattr(self, attribute, None)
+        _retire(kept)
+
+    @property
+    def _kept(self) -> dict[str, "_Kept"]:
+        """{method: its `_Kept`}, those not retired (for tests)."""
+        return {m: k for m, a in _KEPT_METHODS.items() if (k := getattr(self, a)) is not None and k.generation >= 0}
 
     def _transport(self) -> Any:
         t = self._t
@@ -679,13 +778,7 @@ class Comm(MPI.Intracomm):
             return None
         return m.flat[:total], counts
 
-    def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
-        kept = self._kept.get("Alltoall") if self._kept else None
-        if kept is not None and kept.run(self, sendbuf, recvbuf, None, None):
-            return
-        key = _forms(sendbuf, recvbuf, None)
-        if not self._serve("Alltoall", self._blocks("alltoall", sendbuf, recvbuf, whole_send=True), key):
-            super().Alltoall(sendbuf, recvbuf)
+    Alltoall = _blocks_method("Alltoall", "alltoall", whole_send=True)
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
         if not self._serve("Reduce_scatter_block", self._scatter_block(sendbuf, recvbuf, op)):

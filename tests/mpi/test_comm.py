@@ -341,6 +341,53 @@ def test_repeated_calls_on_bytes_like_buffers(comm):
         assert kept == ({"Allgather", "Bcast", "Alltoall", "Allreduce"} if alg == "mpi" else set()), kept
 
 
+def test_kept_forms_end_with_the_plans_and_at_a_refusal():
+    """A kept form (`_Kept`: MPI's own called on the user's specifications as they are) is
+    retired when the plans are forgotten and when mpi4py refuses a call that fits it (a
+    read-only memoryview to receive into): the next call takes the full path, which serves
+    or explains it, and keeps the form again. Every call is counted once in `stats`, and
+    every result is mpi4py's own."""
+    import mmap
+    c = ringmpi.Comm(WORLD, broadcast="mpi", allreduce="mpi")
+    before = dropin.stats()
+    calls = {"Bcast": 0, "Allreduce": 0}
+    buf = mmap.mmap(-1, 64)
+    view = memoryview(buf)
+
+    def both(i: int) -> None:
+        buf[:8] = bytes((i + k) % 256 for k in range(8)) if R == i % P else bytes(8)
+        c.Bcast([buf, 8, MPI.BYTE], root=i % P)
+        assert buf[:8] == bytes((i + k) % 256 for k in range(8)), i
+        view[:4] = bytes([1 << ((R + i) % 8)] * 4)
+        c.Allreduce(MPI.IN_PLACE, [view, 4, MPI.BYTE], op=MPI.BOR)
+        assert view[:4] == bytes([np.bitwise_or.reduce([1 << ((q + i) % 8) for q in range(P)])] * 4), i
+        calls["Bcast"] += 1
+        calls["Allreduce"] += 1
+
+    for i in range(3):
+        both(i)
+    assert set(c._kept) == {"Bcast", "Allreduce"}, c._kept
+    kept = c._kept["Allreduce"]
+    assert kept.calls >= 1
+    ringmpi.api.forget_plans()
+    assert c._kept == {}, c._kept                      # retired: nothing fits it any more
+    both(3)
+    assert set(c._kept) == {"Bcast", "Allreduce"} and c._kept["Allreduce"] is not kept
+    frozen = memoryview(bytes(64))                     # the kept form, but read-only
+    with pytest.raises(Exception) as got:
+        PLAIN.Allreduce(MPI.IN_PLACE, [frozen, 4, MPI.BYTE], op=MPI.BOR)
+    with pytest.raises(got.type):
+        c.Allreduce(MPI.IN_PLACE, [frozen, 4, MPI.BYTE], op=MPI.BOR)
+    calls["Allreduce"] += 1
+    assert "Allreduce" not in c._kept
+    for i in range(4, 7):
+        both(i)
+    assert set(c._kept) == {"Bcast", "Allreduce"}
+    after = dropin.stats()
+    for method, n in calls.items():
+        assert after[method][0] - before.get(method, (0, 0))[0] == n, (method, after, before)
+
+
 def test_repeated_calls_on_bare_arrays_with_mpi_chosen(comm, rng):
     """Bare numpy arrays, MPI's own chosen: after the first call of a form (dtype and size)
     the next go to mpi4py as they are (`_Kept`), for new arrays of that form too; another
