@@ -247,8 +247,8 @@ CACHE.on_forget.append(_forget_kept)
 
 
 def _retire(kept: "_Kept") -> None:
-    """A `_Kept` no longer used (the plans forgotten, replaced, refused, or beyond the 256
-    most recent): nothing fits it any more, so the next call of its method takes the full
+    """A `_Kept` no longer used (the plans forgotten, replaced, or beyond the 256 most
+    recent): nothing fits it any more, so the next call of its method takes the full
     path (inline: no kind matches None; `_Kept.fits`: no generation is -1), and its calls
     go to CALLS."""
     kept.kind, kept.generation = None, -1
@@ -273,8 +273,8 @@ class _Kept:
     communicator forget them: `_forget_kept`). The method's `Comm` override compares a
     call with them field by field, the common `[buf, count, type]` inline (no key built,
     nothing hashed), and calls MPI's own on the arguments as they are, with the stall
-    watch's bookkeeping of a direct plan (`refused`: an argument mpi4py refuses goes back
-    to the full path, which explains or serves it). That comparison and bookkeeping are
+    watch's bookkeeping of a direct plan (`refused`: a call whose argument mpi4py refuses
+    takes the full path, which explains or serves it). That comparison and bookkeeping are
     written out in each of `Comm.Bcast`, `Comm.Allreduce` and `_blocks_method`, not called:
     a Python frame costs about a tenth of mpi4py's whole call at a few bytes, the difference
     between 1.6x and 1.45x plain mpi4py's time (benchmarks/README.md, "The drop-in's kept
@@ -298,13 +298,24 @@ class _Kept:
             _retire(_ALL_KEPT[0])
 
     def pair(self, a: Any, b: Any) -> bool:
-        """A two-buffer call fits (`fits`), `[buf, count, type]` and IN_PLACE compared inline."""
+        """A two-buffer call fits (`fits`), `[buf, count, type]`, bare arrays and IN_PLACE
+        compared inline (an array's contiguity is left to mpi4py, which refuses one that is
+        not: `refused`)."""
+        f = self.send
         if type(b) is list and len(b) == 3 and b[2] is self.datatype and b[1] == self.count and \
                 type(b[0]) is self.kind:
-            f = self.send
             return a is _IN_PLACE if f is True else (
                 type(a) is list and len(a) == 3 and a[2] is f.datatype and a[1] == f.count and type(a[0]) is f.kind
                 or _fits(a, f))
+        if type(b) is np.ndarray:   # (`fits` takes no array this does not)
+            if b.dtype is not self.datatype or b.size != self.count:
+                return False
+            if f is True:
+                return a is _IN_PLACE
+            if type(a) is not np.ndarray:
+                return _fits(a, f)
+            return a.dtype is f.datatype and a.size == f.count and not (
+                a is b or (a.base is not None or b.base is not None) and np.may_share_memory(a, b))
         return self.fits(a, b)
 
     def fits(self, a: Any, b: Any) -> bool:
@@ -321,14 +332,15 @@ class _Kept:
         return type(a) is not np.ndarray or not (a is b or (a.base is not None or b.base is not None)
                                                  and np.may_share_memory(a, b))
 
-    def refused(self, comm: "Comm", err: BaseException) -> None:
-        """MPI's own call raised `err`: mpi4py refused the arguments (the caller takes the
-        full path), or MPI failed (the other ranks are told, as in a plan)."""
+    def refused(self, err: BaseException) -> None:
+        """MPI's own call raised `err`: mpi4py refused this call's arguments (a read-only or
+        strided buffer of the kept form: the caller takes the full path, which explains or
+        serves it; the form stays kept, the next call's buffer is another), or MPI failed
+        (the other ranks are told, as in a plan)."""
         t = self.transport
         if isinstance(err, (BufferError, ValueError, TypeError)):
             t.current = t.seq = t.seq - 1
             t.busy = None
-            comm._unnote(self)
             return
         raised = t.failed(err)
         t.busy = None
@@ -393,6 +405,18 @@ def _forms(a: Any, b: Any, extra: Any) -> tuple | None:
     return None if fb is None or fb is True else (fa, fb, extra)
 
 
+def _reduces_as_mpi(name: str, recvbuf: Any, rv: np.ndarray) -> bool:
+    """MPI's own reduction of a call's buffers as given (the datatype named, or the one
+    mpi4py infers from an array) is ringmpi's `name` over `rv`: not MPI_BYTE but with the
+    bitwise ops (MPI refuses it), not MAX and MIN of floats (ringmpi's propagate NaN), and
+    over an array only integers and floats (not bool: MPI_C_BOOL takes the logical ops only)."""
+    if name in ("MAX", "MIN") and rv.dtype.kind == "f":
+        return False
+    if type(recvbuf) is np.ndarray:
+        return rv.dtype.kind in "iuf"
+    return name in ("BAND", "BOR", "BXOR") or recvbuf[-1] is not MPI.BYTE
+
+
 def _in_place(x: Any) -> bool:
     return x is None or x is MPI.IN_PLACE
 
@@ -425,7 +449,7 @@ def _blocks_method(method: str, collective: str, whole_send: bool) -> Callable:
             try:
                 kept.function(self, sendbuf, recvbuf)
             except BaseException as err:
-                kept.refused(self, err)
+                kept.refused(err)
             else:
                 t.busy = None
                 kept.calls += 1
@@ -531,22 +555,12 @@ class Comm(MPI.Intracomm):
 
     # -- the collectives ringmpi serves ----------------------------------------------------
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
-        # the training loop's case first: the same arrays as an earlier call, whose plan
-        # (ringmpi's, kept by the allreduce memo) is still current
-        hot = self._hot
-        if hot is not None:
-            hit = hot.get(id(recvbuf))
-            if hit is not None and hit.op is op and hit.generation == CACHE.generation and hit.send() is sendbuf \
-                    and hit.recv() is recvbuf and recvbuf.dtype is hit.recv_dtype and \
-                    (hit.in_place or sendbuf.dtype is hit.send_dtype):
-                hit.plan(recvbuf if hit.in_place else sendbuf, recvbuf)
-                return
         kept = self._kept_allreduce
         if kept is not None and (op is kept.extra or op == kept.extra) and (
                 type(recvbuf) is list and len(recvbuf) == 3 and recvbuf[2] is kept.datatype and
                 recvbuf[1] == kept.count and type(recvbuf[0]) is kept.kind and
                 (sendbuf is _IN_PLACE if kept.send is True else _fits(sendbuf, kept.send))
-                or kept.fits(sendbuf, recvbuf)):
+                or kept.pair(sendbuf, recvbuf)):
             t = kept.transport   # (MPI's own, as `_Kept` says; inline: see `_Kept.refused`)
             if ACTIVE:
                 progress()
@@ -555,24 +569,29 @@ class Comm(MPI.Intracomm):
             try:
                 _ALLREDUCE(self, sendbuf, recvbuf, op)
             except BaseException as err:
-                kept.refused(self, err)
+                kept.refused(err)
             else:
                 t.busy = None
                 kept.calls += 1
                 return
-        # (bare arrays have their own path, `_hot`: the plan called with datatypes given
-        # costs mpi4py less than the arrays as they are)
-        key = _forms(sendbuf, recvbuf, op) if type(recvbuf) is not np.ndarray else None
+        # the training loop's case with ringmpi's own algorithm: the same arrays as an
+        # earlier call, whose plan (kept by the allreduce memo) is still current
+        hot = self._hot
+        if hot is not None:
+            hit = hot.get(id(recvbuf))
+            if hit is not None and hit.op is op and hit.generation == CACHE.generation and hit.send() is sendbuf \
+                    and hit.recv() is recvbuf and recvbuf.dtype is hit.recv_dtype and \
+                    (hit.in_place or sendbuf.dtype is hit.send_dtype):
+                hit.plan(recvbuf if hit.in_place else sendbuf, recvbuf)
+                return
+        key = _forms(sendbuf, recvbuf, op)
         CALLS["Allreduce"] += 1
         got = _reduction(sendbuf, recvbuf, op)
         if got is not None:
             sv, rv, name = got
             _c.allreduce(sv, rv, op=name, comm=self, algorithm=self._alg("allreduce"))
-            self._remember(sendbuf, recvbuf, op, sv, rv)
-            # (MPI reduces MPI_BYTE with the bitwise ops only, and ringmpi's MAX/MIN of floats is not MPI's)
-            if key is not None and (name in ("BAND", "BOR", "BXOR") or recvbuf[-1] is not MPI.BYTE) and not (
-                    name in ("MAX", "MIN") and rv.dtype.kind == "f"):
-                self._note("Allreduce", key)
+            if not (key is not None and _reduces_as_mpi(name, recvbuf, rv) and self._note("Allreduce", key)):
+                self._remember(sendbuf, recvbuf, op, sv, rv)
             return
         PASSED["Allreduce"] += 1
         super().Allreduce(sendbuf, recvbuf, op)
@@ -620,7 +639,8 @@ class Comm(MPI.Intracomm):
         kept = self._kept_bcast
         if kept is not None and root == kept.extra and (
                 type(buf) is list and len(buf) == 3 and buf[2] is kept.datatype and buf[1] == kept.count
-                and type(buf[0]) is kept.kind or kept.fits(buf, None)):
+                and type(buf[0]) is kept.kind or type(buf) is np.ndarray and buf.dtype is kept.datatype and
+                buf.size == kept.count or kept.fits(buf, None)):
             t = kept.transport   # (MPI's own, as `_Kept` says; inline: see `_Kept.refused`)
             if ACTIVE:
                 progress()
@@ -629,7 +649,7 @@ class Comm(MPI.Intracomm):
             try:
                 _BCAST(self, buf, root)
             except BaseException as err:
-                kept.refused(self, err)
+                kept.refused(err)
             else:
                 t.busy = None
                 kept.calls += 1
@@ -681,14 +701,15 @@ class Comm(MPI.Intracomm):
         return True
 
     # -- buffer specifications MPI reads as they are: the decision kept, the parsing skipped --
-    def _note(self, method: str, key: tuple) -> None:
-        """The call just served ran MPI's own collective as ringmpi's choice for its shape
-        (auto settled on it, or it was asked for): the next calls with the same buffer forms
-        (`_forms`: [buf, count, type] over bytes-like memory, the same count, type and
-        arguments) go to mpi4py with the user's own specifications (`_passes`), skipping the
-        numpy views and checks that cost several times a small call itself (benchmarks/README.md,
-        the drop-in in mpi4py's demo style). Kept until the plans
-        are forgotten (a tuner's switch, new settings or profile, a freed communicator)."""
+    def _note(self, method: str, key: tuple) -> bool:
+        """If the call just served ran MPI's own collective as ringmpi's choice for its shape
+        (auto settled on it, or it was asked for), the next calls with the same buffer forms
+        (`_forms`: [buf, count, type] over bytes-like memory or a bare array, the same count,
+        type and arguments) go to mpi4py with the user's own specifications (`_Kept`),
+        skipping the numpy views and checks that cost several times a small call itself
+        (benchmarks/README.md, the drop-in in mpi4py's demo style); returns whether they do.
+        Kept until the plans are forgotten (a tuner's switch, new settings or profile, a
+        freed communicator)."""
         t = self._transport()
         choice = t.last_choice or {}
         tuner = choice.get("tuner")
@@ -698,13 +719,8 @@ class Comm(MPI.Intracomm):
             if old is not None:
                 _retire(old)
             setattr(self, attribute, _Kept(method, key, CACHE.generation, t))
-
-    def _unnote(self, kept: "_Kept") -> None:
-        """mpi4py refused a call that fit `kept`: its forms go back to the full path."""
-        attribute = _KEPT_METHODS[kept.method]
-        if getattr(self, attribute) is kept:
-            setattr(self, attribute, None)
-        _retire(kept)
+            return True
+        return False
 
     @property
     def _kept(self) -> dict[str, "_Kept"]:

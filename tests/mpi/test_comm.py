@@ -343,10 +343,11 @@ def test_repeated_calls_on_bytes_like_buffers(comm):
 
 def test_kept_forms_end_with_the_plans_and_at_a_refusal():
     """A kept form (`_Kept`: MPI's own called on the user's specifications as they are) is
-    retired when the plans are forgotten and when mpi4py refuses a call that fits it (a
-    read-only memoryview to receive into): the next call takes the full path, which serves
-    or explains it, and keeps the form again. Every call is counted once in `stats`, and
-    every result is mpi4py's own."""
+    retired when the plans are forgotten: the next call takes the full path and keeps the
+    form again. A call of the form that mpi4py refuses (a read-only memoryview to receive
+    into) takes the full path, which raises mpi4py's own error, and the form stays kept for
+    the next buffer. Every call is counted once in `stats`, and every result is mpi4py's
+    own."""
     import mmap
     c = ringmpi.Comm(WORLD, broadcast="mpi", allreduce="mpi")
     before = dropin.stats()
@@ -379,10 +380,11 @@ def test_kept_forms_end_with_the_plans_and_at_a_refusal():
     with pytest.raises(got.type):
         c.Allreduce(MPI.IN_PLACE, [frozen, 4, MPI.BYTE], op=MPI.BOR)
     calls["Allreduce"] += 1
-    assert "Allreduce" not in c._kept
+    kept = c._kept["Allreduce"]
+    served = kept.calls
     for i in range(4, 7):
         both(i)
-    assert set(c._kept) == {"Bcast", "Allreduce"}
+    assert c._kept["Allreduce"] is kept and kept.calls == served + 3
     after = dropin.stats()
     for method, n in calls.items():
         assert after[method][0] - before.get(method, (0, 0))[0] == n, (method, after, before)
@@ -391,11 +393,12 @@ def test_kept_forms_end_with_the_plans_and_at_a_refusal():
 def test_repeated_calls_on_bare_arrays_with_mpi_chosen(comm, rng):
     """Bare numpy arrays, MPI's own chosen: after the first call of a form (dtype and size)
     the next go to mpi4py as they are (`_Kept`), for new arrays of that form too; another
-    dtype of the same size, a strided array, two views of one array and a 16-bit float take
-    the full path. Every result is mpi4py's own on the same data. (Allreduce on arrays has
-    a path of its own, `_hot`: checked here for its results only.)"""
+    dtype of the same size, a strided array (mpi4py refuses it: the full path says so), two
+    views of one array and a 16-bit float take the full path. Every result is mpi4py's own
+    on the same data. An Allreduce of floats by MAX (ringmpi's propagates NaN) or of bools
+    (MPI_C_BOOL takes the logical ops only) is never passed as it is."""
     c = ringmpi.Comm(WORLD, allgather="mpi", broadcast="mpi", alltoall="mpi", allreduce="mpi")
-    hits = dict.fromkeys(("Bcast", "Allgather", "Alltoall"), 0)   # calls passed as they are
+    hits = dict.fromkeys(("Bcast", "Allgather", "Alltoall", "Allreduce"), 0)   # calls passed as they are
     buf = np.empty(0)
 
     def note_hits() -> None:
@@ -445,6 +448,13 @@ def test_repeated_calls_on_bare_arrays_with_mpi_chosen(comm, rng):
             assert np.array_equal(acc, ref), (i, dt)
         note_hits()
     assert all(hits.values()), hits
+    for x, op, want in ((np.array([np.nan if R == 0 else 1.0, 2.0]), MPI.MAX, [np.nan, 2.0]),
+                        (np.array([R == 0, False]), MPI.LOR, [True, False])):
+        fresh = ringmpi.Comm(WORLD, allreduce="mpi")
+        for _ in range(3):
+            acc = x.copy()
+            fresh.Allreduce(MPI.IN_PLACE, acc, op=op)
+            assert np.array_equal(acc, want, equal_nan=True) and "Allreduce" not in fresh._kept, (acc, op)
 
 
 def test_run_installs_the_wrapper():
