@@ -315,9 +315,9 @@ class Tuner:
     came late to, when the others had done their part: scored so, MPI's own all-reduce in
     place looked twice as fast as in a loop, and won where ring_shm was faster;
     benchmarks/README.md). The slowest is left out because one preempted call, or a second
-    call still paying for the switch (MPI's own 512 KiB broadcast took 45, 25, 22 us after
-    an untimed call, then 17-19 in a loop), decided against the library where it was twice
-    as fast: benchmarks/README.md, "The drop-in's kept calls in one frame". A candidate far
+    call still paying for the switch (MPI's own large broadcasts on shared memory), decided
+    against the library where it was twice as fast: benchmarks/README.md, "The drop-in's
+    kept calls in one frame". A candidate far
     slower than the best thus costs two calls, a close one 3 + STAGE1. Every
     rank makes the same calls in the same order, so every rank's tuner walks the same
     schedule and exchanges at the same call: the decisions agree by construction. Settled,

@@ -276,9 +276,9 @@ class _Kept:
     watch's bookkeeping of a direct plan (`refused`: a call whose argument mpi4py refuses
     takes the full path, which explains or serves it). That comparison and bookkeeping are
     written out in each of `Comm.Bcast`, `Comm.Allreduce` and `_blocks_method`, not called:
-    a Python frame costs about a tenth of mpi4py's whole call at a few bytes, the difference
-    between 1.6x and 1.45x plain mpi4py's time (benchmarks/README.md, "The drop-in's kept
-    calls in one frame")."""
+    at a few bytes, one more Python frame is a tenth of mpi4py's whole call, and decides
+    whether the drop-in keeps within the issue's 1.5x of it (benchmarks/README.md, "The
+    drop-in's kept calls in one frame")."""
     __slots__ = ("method", "function", "label", "generation", "transport", "send", "recv", "extra", "kind",
                  "count", "datatype", "calls")
 
