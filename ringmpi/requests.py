@@ -21,7 +21,7 @@ request itself and runs its body on its own stack, not in a greenlet, as a block
 Isend/Irecv pairs). The shared-memory bodies (`ringmpi.shm`) wait on flags in memory
 instead of MPI requests: their transport takes one call at a time, in the order of the
 starts. A caller polling yields the core with sched_yield, never time.sleep(0), which
-sleeps Linux's timer slack (50-70 us) each time. The progress thread never
+sleeps Linux's timer slack each time (`yield_core`). The progress thread never
 waits inside MPI (Open MPI spins there, and would take the core the caller computes on): it
 tests, and sleeps between tests, less and less often while nothing completes, and not at
 all while a caller waits for one of its requests. With nothing to do it naps, longer and
@@ -487,9 +487,10 @@ class Engine:
         its own, and none left unclaimed for GRACE (a wait that comes at once runs its
         request itself), it naps, longer each time (LINGER_NAP doubled up to LONG_NAP), and
         after LINGER of that sleeps until a start wakes it. Each wake takes the GIL and a
-        core from the caller and its peers: 18-20 us a start when every start woke it, and
-        naps of 1 ms cost a small request in a loop 2-3 us (benchmarks/README.md, "Figures
-        behind constants in the code"). A request worth it (`Request.wakes`: large, or
+        core from the caller and its peers: a wake at every start, or naps of a millisecond
+        beside a loop of small requests, cost each request a measurable share of its time
+        (benchmarks/README.md, "A progress thread that wakes only when it is worth it"). A
+        request worth it (`Request.wakes`: large, or
         completed by MPI's own waits; or not the only one in flight: its caller overlaps
         several) keeps the naps at PROMPT for LIVELY seconds, and wakes a thread that naps
         longer; any other is found at the nap's end: none waits longer than LONG_NAP for
@@ -568,7 +569,7 @@ class Engine:
 
 
 #: gives the core (and the GIL) away for a moment while a caller polls: about a microsecond,
-#: where time.sleep(0) sleeps Linux's timer slack (50-70 us here: benchmarks/README.md)
+#: where time.sleep(0) sleeps Linux's timer slack, tens of microseconds (benchmarks/README.md)
 yield_core = getattr(os, "sched_yield", lambda: time.sleep(0))
 #: seconds a caller waiting for the progress thread's request sleeps between advancing its
 #: own requests in flight (`Engine.wait_for`)

@@ -54,8 +54,10 @@ def global_batch(task: Task, step: int, batch: int, seed: int) -> list[int]:
 
 @functools.lru_cache(maxsize=2)
 def _epoch_order(size: int, seed: int, epoch: int) -> tuple[int, ...]:
-    """An epoch's shuffled order, made once: shuffled anew at every step, 409,600 samples
-    cost each step 145 ms of Python, the one-process step `--speedup` times included."""
+    """An epoch's shuffled order, made once: shuffled anew at every step, a large data set
+    cost each step more Python than its computation, the one-process step `--speedup` times
+    included (benchmarks/README.md, "PowerSGD in the bucket's dtype, gradients in their
+    buckets, and losses of learning")."""
     order = list(range(size))
     random.Random(seed * 7919 + epoch).shuffle(order)
     return tuple(order)
@@ -126,8 +128,9 @@ def time_overlap(task: Task, batch: int, seed: int, replica: Callable[[bool], Da
 
     for s in range(rounds + 1):
         data = task.take(task.data, local_batch(task, s, batch, seed, t.size, t.rank))
-        # the two modes in turn first: the first step of a round ran 1-3 ms slower on one
-        # host, which made overlap look slower where both modes made the same calls
+        # the two modes in turn first: the first step of a round ran slower on one host,
+        # which made overlap look slower where both modes made the same calls
+        # (benchmarks/README.md, "The last bucket blocking, and the two modes timed in turn")
         for o in ((True, False) if s % 2 == 0 else (False, True)):
             timed("overlapped" if o else "blocking", lambda o=o: replicas[o].step(opts[o], data))
         timed("compute", compute)
