@@ -249,9 +249,10 @@ CACHE.on_forget.append(_forget_kept)
 def _retire(kept: "_Kept") -> None:
     """A `_Kept` no longer used (the plans forgotten, replaced, or beyond the 256 most
     recent): nothing fits it any more, so the next call of its method takes the full
-    path (inline: no kind matches None; `_Kept.fits`: no generation is -1), and its calls
-    go to CALLS."""
-    kept.kind, kept.generation = None, -1
+    path (inline: no buffer's type is None, nor an array's dtype; `_Kept.fits`: no
+    generation is -1), and its calls go to CALLS."""
+    kept.kind = kept.datatype = None
+    kept.generation = -1
     CALLS[kept.method] += kept.calls
     kept.calls = 0
     if kept in _ALL_KEPT:

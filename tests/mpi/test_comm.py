@@ -370,10 +370,18 @@ def test_kept_forms_end_with_the_plans_and_at_a_refusal():
     assert set(c._kept) == {"Bcast", "Allreduce"}, c._kept
     kept = c._kept["Allreduce"]
     assert kept.calls >= 1
+    arr = np.arange(4, dtype=np.int32)                 # and a bare array's form
+    d = ringmpi.Comm(WORLD, broadcast="mpi")
+    for _ in range(3):
+        d.Bcast(arr, root=0)
+    kept_array = d._kept["Bcast"]
     ringmpi.api.forget_plans()
-    assert c._kept == {}, c._kept                      # retired: nothing fits it any more
+    assert c._kept == {} and d._kept == {}, c._kept    # retired: nothing fits them any more
     both(3)
-    assert set(c._kept) == {"Bcast", "Allreduce"} and c._kept["Allreduce"] is not kept
+    d.Bcast(arr, root=0)
+    calls["Bcast"] += 4
+    assert set(c._kept) == {"Bcast", "Allreduce"} and c._kept["Allreduce"] is not kept and kept.calls == 0
+    assert d._kept["Bcast"] is not kept_array and kept_array.calls == 0 and arr.tolist() == [0, 1, 2, 3]
     frozen = memoryview(bytes(64))                     # the kept form, but read-only
     with pytest.raises(Exception) as got:
         PLAIN.Allreduce(MPI.IN_PLACE, [frozen, 4, MPI.BYTE], op=MPI.BOR)
