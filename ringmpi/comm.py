@@ -52,6 +52,7 @@ from .api import CACHE, algorithms, group, request
 from .requests import ACTIVE, progress
 from .errors import RingmpiUsageError
 from .ops import SUPPORTED_DTYPES, check_op_dtype, is_half
+from .settings import settings
 
 __all__ = ["Comm", "COLLECTIVES", "stats"]
 
@@ -710,7 +711,11 @@ class Comm(MPI.Intracomm):
         skipping the numpy views and checks that cost several times a small call itself
         (benchmarks/README.md, the drop-in in mpi4py's demo style); returns whether they do.
         Kept until the plans are forgotten (a tuner's switch, new settings or profile, a
-        freed communicator)."""
+        freed communicator); never under RINGMPI_CHECK (each call is compared across ranks
+        first) or RINGMPI_DEBUG=TRACE (each is logged), as plans are not."""
+        st = settings()
+        if st.check or st.debug == "TRACE":   # (every call compared across ranks, or logged: as plans)
+            return False
         t = self._transport()
         choice = t.last_choice or {}
         tuner = choice.get("tuner")

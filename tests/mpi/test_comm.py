@@ -398,6 +398,26 @@ def test_kept_forms_end_with_the_plans_and_at_a_refusal():
         assert after[method][0] - before.get(method, (0, 0))[0] == n, (method, after, before)
 
 
+def test_nothing_kept_where_every_call_is_compared():
+    """Under RINGMPI_CHECK every call is compared across ranks first: no buffer form is
+    passed to MPI as it is (`_Kept`), so a call that differs from another rank's is caught
+    at its tenth repeat as at its first."""
+    import mmap
+    settings.reload({"RINGMPI_CHECK": "1"})
+    try:
+        c = ringmpi.Comm(WORLD, broadcast="mpi", allreduce="mpi")
+        buf = mmap.mmap(-1, 8)
+        for _ in range(10):
+            c.Bcast([buf, 8, MPI.BYTE], root=0)
+            c.Allreduce(MPI.IN_PLACE, [buf, 8, MPI.BYTE], op=MPI.BOR)
+        assert c._kept == {}, c._kept
+        if P > 1:
+            with pytest.raises(ringmpi.RingmpiUsageError, match="ranks disagree"):
+                c.Bcast([buf, 8, MPI.BYTE], root=R % 2)   # the ranks disagree on the root
+    finally:
+        settings.reload()
+
+
 def test_repeated_calls_on_bare_arrays_with_mpi_chosen(comm, rng):
     """Bare numpy arrays, MPI's own chosen: after the first call of a form (dtype and size)
     the next go to mpi4py as they are (`_Kept`), for new arrays of that form too; another
