@@ -229,13 +229,15 @@ _BCAST, _ALLREDUCE = MPI.Intracomm.Bcast, MPI.Intracomm.Allreduce
 #: own instances: a call's dtype is compared by identity)
 _ARRAY_DTYPES = frozenset(d for d in SUPPORTED_DTYPES if not is_half(d))
 _LABELS = {method: f"{name}/mpi" for name, methods in COLLECTIVES.items() for method in methods}
+_LABELS.update({f"I{method[0].lower()}{method[1:]}": label for method, label in _LABELS.items()})
 
 
 _ALL_KEPT: list = []   # the `_Kept` in use (for `stats`: the calls each passed; `_retire` folds them in)
 #: the methods whose buffer forms `_Kept` passes to mpi4py as they are, and the `Comm`
 #: attribute that holds each one's
 _KEPT_METHODS = {"Allreduce": "_kept_allreduce", "Bcast": "_kept_bcast", "Allgather": "_kept_allgather",
-                 "Alltoall": "_kept_alltoall"}
+                 "Alltoall": "_kept_alltoall", "Iallreduce": "_kept_iallreduce", "Ibcast": "_kept_ibcast",
+                 "Iallgather": "_kept_iallgather", "Ialltoall": "_kept_ialltoall"}
 
 
 def _forget_kept() -> None:
@@ -334,6 +336,27 @@ class _Kept:
         return type(a) is not np.ndarray or not (a is b or (a.base is not None or b.base is not None)
                                                  and np.may_share_memory(a, b))
 
+    def start(self, comm: "Comm", a: Any, b: Any, c: Any) -> "_NativeRequest | None":
+        """MPI's own nonblocking `method(a, b[, c])` on arguments that fit, begun where the
+        full path's request would be (its sequence number taken, the requests in flight
+        advanced first); None: mpi4py refused the arguments, and the caller takes the full
+        path."""
+        t = self.transport
+        if ACTIVE:
+            progress()
+        t.seq += 1
+        try:
+            inner = self.function(comm, a, b) if c is None else self.function(comm, a, b, c)
+        except (BufferError, ValueError, TypeError):
+            t.seq -= 1
+            return None
+        except BaseException as err:   # (MPI's own error: the other ranks are told)
+            raise t.failed(err, self.label, t.seq) from err
+        req = _NativeRequest(inner)
+        req._t, req._label, req._seq = t, self.label, t.seq
+        self.calls += 1
+        return req
+
     def refused(self, err: BaseException) -> None:
         """MPI's own call raised `err`: mpi4py refused this call's arguments (a read-only or
         strided buffer of the kept form: the caller takes the full path, which explains or
@@ -347,6 +370,35 @@ class _Kept:
         raised = t.failed(err)
         t.busy = None
         raise raised from err
+
+
+class _NativeRequest(MPI.Request):
+    """What a kept nonblocking call returns (`_Kept.start`): the library's own request for
+    MPI's own collective, begun on the caller's specifications as they are, as plain
+    mpi4py would (the drop-in's other requests are generalized requests that ringmpi
+    completes, `_Request`, which cost more than such a call itself). It is an MPI request:
+    `MPI.Request.Waitall` and the like take it beside any other and complete it themselves.
+    Its own `Wait` tells the stall watch which call the caller waits for, as a ringmpi
+    request's wait does; it is not reported when never waited for, as mpi4py's are not."""
+    _t: Any = None
+    _label = ""
+    _seq = 0
+
+    def Wait(self, status: Any = None) -> Literal[True]:
+        t = self._t
+        before = t.waiting(self._label, self._seq)
+        try:
+            return MPI.Request.Wait(self, status)
+        except MPI.Exception as err:
+            raise t.failed(err, self._label, self._seq) from err
+        finally:
+            t.waited(before)
+
+    def Test(self, status: Any = None) -> bool:
+        try:
+            return MPI.Request.Test(self, status)
+        except MPI.Exception as err:
+            raise self._t.failed(err, self._label, self._seq) from err
 
 
 def _fits(msg: Any, form: "_Form | Literal[True]") -> bool:
@@ -489,6 +541,10 @@ class Comm(MPI.Intracomm):
     _kept_bcast: "_Kept | None" = None
     _kept_allgather: "_Kept | None" = None
     _kept_alltoall: "_Kept | None" = None
+    _kept_iallreduce: "_Kept | None" = None
+    _kept_ibcast: "_Kept | None" = None
+    _kept_iallgather: "_Kept | None" = None
+    _kept_ialltoall: "_Kept | None" = None
     _t: Any = None                     # this communicator's transport
 
     def __new__(cls, comm: MPI.Intracomm | None = None, **algorithm: str) -> "Comm":
@@ -703,7 +759,7 @@ class Comm(MPI.Intracomm):
         return True
 
     # -- buffer specifications MPI reads as they are: the decision kept, the parsing skipped --
-    def _note(self, method: str, key: tuple) -> bool:
+    def _note(self, method: str, key: tuple, native: bool | None = None) -> bool:
         """If the call just served ran MPI's own collective as ringmpi's choice for its shape
         (auto settled on it, or it was asked for), the next calls with the same buffer forms
         (`_forms`: [buf, count, type] over bytes-like memory or a bare array, the same count,
@@ -717,9 +773,11 @@ class Comm(MPI.Intracomm):
         if st.check or st.debug == "TRACE":   # (every call compared across ranks, or logged: as plans)
             return False
         t = self._transport()
-        choice = t.last_choice or {}
-        tuner = choice.get("tuner")
-        if choice.get("algorithm") == "mpi" and (tuner is None or tuner.winner == "mpi"):
+        if native is None:   # (a blocking call: ringmpi's last choice on this communicator)
+            choice = t.last_choice or {}
+            tuner = choice.get("tuner")
+            native = choice.get("algorithm") == "mpi" and (tuner is None or tuner.winner == "mpi")
+        if native:
             attribute = _KEPT_METHODS[method]
             old = getattr(self, attribute)
             if old is not None:
@@ -744,14 +802,29 @@ class Comm(MPI.Intracomm):
         if served.then is not None:
             served.then(result)
 
-    def _start(self, method: str, served: "_Served | None", *args: Any) -> Any:
+    def _start(self, method: str, served: "_Served | None", *args: Any, key: tuple | None = None) -> Any:
         """A parsed call begun as a request of ringmpi's (`_Request`; `..._init`: bound as a
-        `_Persistent` one), or mpi4py's `method` on `args` where ringmpi does not serve it."""
+        `_Persistent` one), or mpi4py's `method` on `args` where ringmpi does not serve it.
+        `key`: the call's buffer forms (`_forms`), noted (`_note`) when its request is MPI's
+        own collective on the very buffers given."""
         CALLS[method] += 1
         if served is None:
             PASSED[method] += 1
             return getattr(MPI.Intracomm, method)(self, *args)
-        return (_Persistent if method.endswith("_init") else _Request).make(self, served, self._alg(served.collective))
+        if method.endswith("_init"):
+            return _Persistent.make(self, served, self._alg(served.collective))
+        req = _Request.make(self, served, self._alg(served.collective))
+        if key is not None and served.then is None:
+            self._note(method, key, native=req._ring.posted)
+        return req
+
+    def _kept_start(self, kept: "_Kept | None", a: Any, b: Any, c: Any, extra: Any) -> "_NativeRequest | None":
+        """A nonblocking call that fits its method's kept forms, begun as MPI's own
+        (`_Kept.start`); None: the full path."""
+        if kept is None or not (extra is kept.extra or extra == kept.extra) or \
+                not (kept.fits(a, None) if b is None else kept.pair(a, b)):
+            return None
+        return kept.start(self, a, b if b is not None else c, c if b is not None else None)
 
     def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
         CALLS["Allgatherv"] += 1
@@ -826,19 +899,30 @@ class Comm(MPI.Intracomm):
 
     # -- nonblocking (MPI-3) and persistent (MPI-4) forms: the same parsing, as requests --
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> Any:
-        return self._start("Iallreduce", self._allreduce(sendbuf, recvbuf, op), sendbuf, recvbuf, op)
+        req = self._kept_start(self._kept_iallreduce, sendbuf, recvbuf, op, op)
+        if req is not None:
+            return req
+        served = self._allreduce(sendbuf, recvbuf, op)
+        key = _forms(sendbuf, recvbuf, op) if served is not None and _reduces_as_mpi(
+            served.args["op"], recvbuf, served.args["recvbuf"]) else None
+        return self._start("Iallreduce", served, sendbuf, recvbuf, op, key=key)
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0) -> Any:
         return self._start("Ireduce", self._reduce(sendbuf, recvbuf, op, root), sendbuf, recvbuf, op, root)
 
     def Ibcast(self, buf: Any, root: int = 0) -> Any:
-        return self._start("Ibcast", self._bcast(buf, root), buf, root)
+        return self._kept_start(self._kept_ibcast, buf, None, root, root) or \
+            self._start("Ibcast", self._bcast(buf, root), buf, root, key=_forms(buf, None, root))
 
     def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Any:
-        return self._start("Iallgather", self._blocks("allgather", sendbuf, recvbuf, False), sendbuf, recvbuf)
+        return self._kept_start(self._kept_iallgather, sendbuf, recvbuf, None, None) or self._start(
+            "Iallgather", self._blocks("allgather", sendbuf, recvbuf, False), sendbuf, recvbuf,
+            key=_forms(sendbuf, recvbuf, None))
 
     def Ialltoall(self, sendbuf: Any, recvbuf: Any) -> Any:
-        return self._start("Ialltoall", self._blocks("alltoall", sendbuf, recvbuf, True), sendbuf, recvbuf)
+        return self._kept_start(self._kept_ialltoall, sendbuf, recvbuf, None, None) or self._start(
+            "Ialltoall", self._blocks("alltoall", sendbuf, recvbuf, True), sendbuf, recvbuf,
+            key=_forms(sendbuf, recvbuf, None))
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> Any:
         return self._start("Ireduce_scatter_block", self._scatter_block(sendbuf, recvbuf, op), sendbuf, recvbuf, op)

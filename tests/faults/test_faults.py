@@ -626,6 +626,34 @@ def test_a_request_a_rank_never_started_ends_at_the_deadline_naming_it(tmp_path)
     assert re.search(r"rank [02] of 3 has waited \d+ s in allreduce/ring \(ranks \[1\] have not arrived\)", out), out
 
 
+DROP_IN_REQUEST_SKIPPED = """
+c = ringmpi.Comm(W, allreduce="mpi")
+x, y = np.ones(4), np.empty(4)
+for _ in range(3):
+    c.Iallreduce(x, y).Wait()   # from the second call: MPI's own request (`comm._NativeRequest`)
+q = c.Iallreduce(x, y)
+say("kept", type(q).__name__)
+q.Wait()
+if r != 1:
+    q = c.Iallreduce(x, y)
+    time.sleep(0.5)
+    q.Wait()
+else:
+    time.sleep(60)
+say("done")
+"""
+
+
+def test_a_drop_in_request_a_rank_never_started_ends_at_the_deadline_naming_it(tmp_path):
+    """The drop-in's nonblocking call passed to MPI as it is: its Wait is watched as a
+    ringmpi request's is."""
+    rc, out, secs = job(tmp_path, DROP_IN_REQUEST_SKIPPED, env={"RINGMPI_STALL_ABORT": "5"})
+    assert rc not in (0, 124) and secs < 20, (rc, secs, out)
+    assert out.count("kept _NativeRequest") == 3, out
+    assert "aborting the job (RINGMPI_STALL_ABORT=5)" in out, out
+    assert re.search(r"rank [02] of 3 has waited \d+ s in allreduce/mpi \(ranks \[1\] have not arrived\)", out), out
+
+
 REQUEST_SKIPPED_THEN_EXIT = """
 x = np.ones(1 << 12)
 ringmpi.iallreduce(x, algorithm="ring").wait()

@@ -398,6 +398,57 @@ def test_kept_forms_end_with_the_plans_and_at_a_refusal():
         assert after[method][0] - before.get(method, (0, 0))[0] == n, (method, after, before)
 
 
+def test_repeated_nonblocking_calls_pass_to_mpi_as_they_are(rng):
+    """The drop-in's nonblocking calls with MPI's own chosen: after the first call of a
+    buffer form, the next begin MPI's own request on the caller's specifications as they
+    are (`_NativeRequest`, an MPI request), in numpy and in mpi4py's demo style. Completed
+    by their own Wait in reverse order, by polling Test, and by MPI.Request.Waitall beside
+    a plain mpi4py request; every result is mpi4py's own, and the plans forgotten retire
+    the forms."""
+    import mmap
+    c = ringmpi.Comm(WORLD, allreduce="mpi", broadcast="mpi", allgather="mpi", alltoall="mpi")
+    buf = mmap.mmap(-1, 8)
+    for i in range(9):
+        if i == 6:
+            ringmpi.api.forget_plans()
+            assert not {"Iallreduce", "Ibcast", "Iallgather", "Ialltoall"} & set(c._kept), c._kept
+        x = rng.integers(0, 100, 4).astype(np.int32)
+        got, want = np.empty_like(x), np.empty_like(x)
+        if i == 4:                                     # a kept form, a read-only result: mpi4py's error
+            got.flags.writeable = False
+            with pytest.raises(Exception) as plain_error:
+                PLAIN.Iallreduce(x, got, op=MPI.SUM)
+            with pytest.raises(plain_error.type):
+                c.Iallreduce(x, got, op=MPI.SUM)
+            got.flags.writeable = True
+        whole = np.zeros(2 * P, np.int32)
+        whole[2 * R:2 * R + 2] = x[:2]
+        ref = np.empty_like(whole)
+        PLAIN.Allgather(x[:2], ref)
+        buf[:] = bytes(range(i, i + 8)) if R == 0 else bytes(8)
+        send, recv = np.arange(P, dtype=np.int64) + 10 * R, np.empty(P, np.int64)
+        reqs = [c.Iallreduce(x, got, op=MPI.SUM), c.Ibcast([buf, 8, MPI.BYTE], root=0),
+                c.Iallgather(MPI.IN_PLACE, whole), c.Ialltoall(send, recv)]
+        plain = PLAIN.Iallreduce(x, want, op=MPI.SUM)
+        if i % 3 == 0:
+            MPI.Request.Waitall([plain, *reversed(reqs)])
+        elif i % 3 == 1:
+            for r in reversed(reqs):
+                assert r.Wait() is True
+            plain.Wait()
+        else:
+            pending = [*reqs, plain]
+            while pending:
+                pending = [r for r in pending if not r.Test()]
+        assert np.array_equal(got, want) and buf[:] == bytes(range(i, i + 8)), i
+        assert np.array_equal(whole, ref) and recv.tolist() == [10 * q + R for q in range(P)], i
+        if i % 6 and P > 1:   # (a form is kept at its first call, and after the plans are forgotten;
+            # one rank's calls are local copies, not MPI's)
+            assert all(isinstance(r, dropin._NativeRequest) for r in reqs), [type(r) for r in reqs]
+        else:
+            assert not any(isinstance(r, dropin._NativeRequest) for r in reqs), [type(r) for r in reqs]
+
+
 def test_nothing_kept_where_every_call_is_compared():
     """Under RINGMPI_CHECK every call is compared across ranks first: no buffer form is
     passed to MPI as it is (`_Kept`), so a call that differs from another rank's is caught

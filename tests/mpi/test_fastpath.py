@@ -144,7 +144,8 @@ def test_online_tuning_agrees_on_every_rank(rng):
             assert np.array_equal(ringmpi.allreduce(x), want)
             picks.append(ringmpi.last_choice()["algorithm"])
         assert COMM.allgather(picks) == [picks] * P
-        tuners = [tu for k, tu in t.tuners.items() if k[0] == "allreduce" and k[3] == (n * 4).bit_length()]
+        tuners = [tu for k, tu in t.tuners.items()
+                  if k[:3] == ("allreduce", "float32", "SUM") and k[3] == (n * 4).bit_length()]
         assert len(tuners) == 1 and tuners[0].winner in ringmpi.algorithms("allreduce")
         assert picks[-1] == tuners[0].winner
         assert COMM.allgather(tuners[0].winner) == [tuners[0].winner] * P
