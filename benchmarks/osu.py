@@ -1,7 +1,7 @@
 """The drop-in against plain mpi4py in an OSU-style latency loop, in mpi4py's demo style:
 `[buf, count, MPI.BYTE]` over an `mmap` buffer, `MPI.IN_PLACE` where the call has it.
 
-    python -m ringmpi.launch -n 2 -- .venv/bin/python benchmarks/osu.py [--max 1M] [--rounds 5]
+    python -m ringmpi.launch -n 2 -- .venv/bin/python benchmarks/osu.py [--max 1M] [--rounds 5] [--nonblocking]
 
 For every size (powers of two from 1 B) and collective (Allgather in place, Bcast,
 Alltoall, Allreduce in place), each round times a loop of the call through
@@ -11,7 +11,9 @@ in a shuffled order (the same on every rank); each loop's time per call is the s
 rank's. Printed per size: the medians, the ratio (median over rounds of drop-in / plain)
 and what the drop-in adds to plain mpi4py's call (median over rounds of the difference),
 in each form; then per collective the medians over sizes up to 1 KiB and above: the goal is
-that the drop-in costs the same over plain mpi4py in either form.
+that the drop-in costs the same over plain mpi4py in either form. `--nonblocking`: each
+call's nonblocking form instead, its request waited for at once (OSU's osu_iallgather and
+the like, with nothing to overlap).
 """
 from __future__ import annotations
 
@@ -33,6 +35,9 @@ def main() -> None:
     ap.add_argument("--max", default="1M")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=1000)
+    ap.add_argument("--nonblocking", action="store_true",
+                    help="the nonblocking forms, each waited for at once (Iallgather(...).Wait(), ...: "
+                         "OSU's osu_iallgather and the like with nothing to overlap)")
     ns = ap.parse_args()
     plain = MPI.COMM_WORLD
     drop = ringmpi.Comm(MPI.COMM_WORLD)
@@ -53,6 +58,19 @@ def main() -> None:
         "Alltoall": lambda c, n: c.Alltoall(views[n][1], views[n][2]),
         "Allreduce": lambda c, n: c.Allreduce(MPI.IN_PLACE, views[n][0], op=MPI.BOR),
     }
+    if ns.nonblocking:   # (each call's nonblocking form, its request waited for at once)
+        demo = {
+            "Iallgather": lambda c, n: c.Iallgather(MPI.IN_PLACE, [buf, n, MPI.BYTE]).Wait(),
+            "Ibcast": lambda c, n: c.Ibcast([buf, n, MPI.BYTE], root=0).Wait(),
+            "Ialltoall": lambda c, n: c.Ialltoall([buf, n, MPI.BYTE], [other, n, MPI.BYTE]).Wait(),
+            "Iallreduce": lambda c, n: c.Iallreduce(MPI.IN_PLACE, [buf, n, MPI.BYTE], op=MPI.BOR).Wait(),
+        }
+        bare = {
+            "Iallgather": lambda c, n: c.Iallgather(MPI.IN_PLACE, views[n][1]).Wait(),
+            "Ibcast": lambda c, n: c.Ibcast(views[n][0], root=0).Wait(),
+            "Ialltoall": lambda c, n: c.Ialltoall(views[n][1], views[n][2]).Wait(),
+            "Iallreduce": lambda c, n: c.Iallreduce(MPI.IN_PLACE, views[n][0], op=MPI.BOR).Wait(),
+        }
     sizes = []
     n = 1
     while n <= top:

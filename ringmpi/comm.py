@@ -353,7 +353,7 @@ class _Kept:
         except BaseException as err:   # (MPI's own error: the other ranks are told)
             raise t.failed(err, self.label, t.seq) from err
         req = _NativeRequest(inner)
-        req._t, req._label, req._seq = t, self.label, t.seq
+        req.kept, req.seq = self, t.seq
         self.calls += 1
         return req
 
@@ -380,17 +380,15 @@ class _NativeRequest(MPI.Request):
     `MPI.Request.Waitall` and the like take it beside any other and complete it themselves.
     Its own `Wait` tells the stall watch which call the caller waits for, as a ringmpi
     request's wait does; it is not reported when never waited for, as mpi4py's are not."""
-    _t: Any = None
-    _label = ""
-    _seq = 0
+    __slots__ = ("kept", "seq")   # (the `_Kept` that began it, and the call's sequence number)
 
     def Wait(self, status: Any = None) -> Literal[True]:
-        t = self._t
-        before = t.waiting(self._label, self._seq)
+        t, label = self.kept.transport, self.kept.label
+        before = t.waiting(label, self.seq)
         try:
             return MPI.Request.Wait(self, status)
         except MPI.Exception as err:
-            raise t.failed(err, self._label, self._seq) from err
+            raise t.failed(err, label, self.seq) from err
         finally:
             t.waited(before)
 
@@ -398,7 +396,7 @@ class _NativeRequest(MPI.Request):
         try:
             return MPI.Request.Test(self, status)
         except MPI.Exception as err:
-            raise self._t.failed(err, self._label, self._seq) from err
+            raise self.kept.transport.failed(err, self.kept.label, self.seq) from err
 
 
 def _fits(msg: Any, form: "_Form | Literal[True]") -> bool:
