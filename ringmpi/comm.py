@@ -909,18 +909,24 @@ class Comm(MPI.Intracomm):
         return self._start("Ireduce", self._reduce(sendbuf, recvbuf, op, root), sendbuf, recvbuf, op, root)
 
     def Ibcast(self, buf: Any, root: int = 0) -> Any:
-        return self._kept_start(self._kept_ibcast, buf, None, root, root) or \
-            self._start("Ibcast", self._bcast(buf, root), buf, root, key=_forms(buf, None, root))
+        req = self._kept_start(self._kept_ibcast, buf, None, root, root)
+        if req is not None:
+            return req
+        return self._start("Ibcast", self._bcast(buf, root), buf, root, key=_forms(buf, None, root))
 
     def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Any:
-        return self._kept_start(self._kept_iallgather, sendbuf, recvbuf, None, None) or self._start(
-            "Iallgather", self._blocks("allgather", sendbuf, recvbuf, False), sendbuf, recvbuf,
-            key=_forms(sendbuf, recvbuf, None))
+        req = self._kept_start(self._kept_iallgather, sendbuf, recvbuf, None, None)
+        if req is not None:
+            return req
+        return self._start("Iallgather", self._blocks("allgather", sendbuf, recvbuf, False), sendbuf, recvbuf,
+                           key=_forms(sendbuf, recvbuf, None))
 
     def Ialltoall(self, sendbuf: Any, recvbuf: Any) -> Any:
-        return self._kept_start(self._kept_ialltoall, sendbuf, recvbuf, None, None) or self._start(
-            "Ialltoall", self._blocks("alltoall", sendbuf, recvbuf, True), sendbuf, recvbuf,
-            key=_forms(sendbuf, recvbuf, None))
+        req = self._kept_start(self._kept_ialltoall, sendbuf, recvbuf, None, None)
+        if req is not None:
+            return req
+        return self._start("Ialltoall", self._blocks("alltoall", sendbuf, recvbuf, True), sendbuf, recvbuf,
+                           key=_forms(sendbuf, recvbuf, None))
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> Any:
         return self._start("Ireduce_scatter_block", self._scatter_block(sendbuf, recvbuf, op), sendbuf, recvbuf, op)
