@@ -14,6 +14,7 @@ Errors read 'ringmpi.CALL (rank r of p): what was expected, what came'.
 from __future__ import annotations
 
 import functools
+import os
 import time
 import weakref
 from typing import Any, Callable
@@ -114,9 +115,17 @@ def overlaps(comm: Any = None) -> bool:
     ringmpi's progress thread beside every rank's computation. Within a host whose cores
     all compute, the transfer is the CPU's memory copies: the progress thread takes them
     from the computation it runs beside, and a step gets slower, not faster
-    (benchmarks/README.md, "PyTorch"); the collective then runs blocking, at once
-    (`auto.overlap_helps`, which decides also what a request runs)."""
-    return _auto.overlap_helps(group(comm))
+    (benchmarks/README.md, "PyTorch"); the collective then runs blocking, at once."""
+    t = group(comm)
+    nodes = t.nodes
+    if len(set(nodes)) > 1:
+        return True
+    here = nodes.count(nodes[t.rank])
+    try:
+        mine = len(os.sched_getaffinity(0))
+    except AttributeError:          # (no affinity on this platform: every core)
+        mine = os.cpu_count() or 1
+    return mine >= 2 and (os.cpu_count() or 1) >= 2 * here
 
 
 def algorithms(collective: str, comm: Any = None) -> list[str]:

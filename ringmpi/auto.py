@@ -218,15 +218,14 @@ def choose_request(view: Any, g: Any, call: Call) -> dict:
         _alg.get(collective, forced)
         return {"algorithm": forced, "why": "forced by RINGMPI_ALGO", "collective": collective}
     tuner = g.tuners.get(_bucket(view, call)) if st.tune else None
-    margin = REQUEST_MARGIN if overlap_helps(g) else 1.0
     if tuner is not None and tuner.winner is not None:
-        name = _request_winner(tuner, view, call, margin)
+        name = _request_winner(tuner, view, call)
         if name is not None:
             choice = tuner.choice(name)
             del choice["tuner"]
             if name != tuner.winner:
                 choice["why"] = (f"online tuning: the fastest of ringmpi's measured (MPI's own, {tuner.winner}, "
-                                 f"as a nonblocking collective only where {margin:g}x faster)")
+                                 f"as a nonblocking collective only where {REQUEST_MARGIN:g}x faster)")
             return choice
     ckey = (collective, call.count, call.itemsize, call.params, st.generation, view.on_device)
     choice = g.request_choices.get(ckey)
@@ -235,18 +234,18 @@ def choose_request(view: Any, g: Any, call: Call) -> dict:
         choice = _predicted_choice(view, call, profile_of(g), native_ok)
         preds = choice["predicted_s"]
         ours = {a: s for a, s in preds.items() if a != "mpi"}
-        if choice["algorithm"] == "mpi" and ours and margin * preds["mpi"] > min(ours.values()):
+        if choice["algorithm"] == "mpi" and ours and REQUEST_MARGIN * preds["mpi"] > min(ours.values()):
             choice["algorithm"] = min(ours, key=ours.get)
-            choice["why"] += f"; MPI's own nonblocking collective only where {margin:g}x faster"
+            choice["why"] += f"; MPI's own nonblocking collective only where {REQUEST_MARGIN:g}x faster"
         choice.update(collective=collective, bytes=call.count * call.itemsize)
         g.request_choices.put(ckey, choice)
     return choice
 
 
-def _request_winner(tuner: "Tuner", view: Any, call: Call, margin: float) -> str | None:
+def _request_winner(tuner: "Tuner", view: Any, call: Call) -> str | None:
     """Of the algorithms a tuner measured (blocking calls, the same times on every rank),
     the one a request runs: its winner, but where that is MPI's own, the fastest of
-    ringmpi's that can run as a request unless MPI's is `margin` times faster (its
+    ringmpi's that can run as a request unless MPI's is REQUEST_MARGIN times faster (its
     nonblocking collective is another implementation, which can be much slower than the
     blocking one it was measured as: benchmarks/README.md, "Requests on the algorithm
     measured"); None where none measured can run."""
@@ -257,39 +256,17 @@ def _request_winner(tuner: "Tuner", view: Any, call: Call, margin: float) -> str
     ours = [a for a in runs if a != "mpi"]
     best = min(ours, key=tuned.get) if ours else None
     if tuner.winner in runs and (tuner.winner != "mpi" or best is None or
-                                 margin * tuned["mpi"] <= tuned[best]):
+                                 REQUEST_MARGIN * tuned["mpi"] <= tuned[best]):
         return tuner.winner
     return best if best is not None else "mpi"
 
 
-#: where a request can hide anything (`overlap_helps`), it runs MPI's own nonblocking
-#: collective (MPI_Iallreduce ...) only where that is predicted this much faster than
-#: ringmpi's best: its predictions are of MPI's blocking collective, and the nonblocking
-#: one is another implementation, which need not advance while the caller computes (Open
-#: MPI's libnbc hid none of a 16 MiB all-reduce over TCP, the ring four fifths:
-#: benchmarks/README.md); where latency rules, MPI's own wins. Where nothing can be hidden,
-#: a request runs what is fastest (on one host whose cores all compute, ringmpi's 1 MiB
-#: broadcast as a request took twice MPI's: benchmarks/README.md, "The drop-in's
-#: nonblocking calls kept")
+#: a request runs MPI's own nonblocking collective (MPI_Iallreduce ...) only where it is
+#: predicted this much faster than ringmpi's best: its predictions are of MPI's blocking
+#: collective, and the nonblocking one is another implementation, which need not advance
+#: while the caller computes (Open MPI's libnbc hid none of a 16 MiB all-reduce over
+#: TCP, the ring four fifths: benchmarks/README.md); where latency rules, MPI's own wins
 REQUEST_MARGIN = 2.0
-
-
-def overlap_helps(t: Any) -> bool:
-    """Whether a collective beside computation can hide anything on transport `t`: where
-    it spans several hosts (the wire does the waiting), or where this host has a core to
-    spare for ringmpi's progress thread beside every rank's computation. Within a host
-    whose cores all compute, the transfer is the CPU's memory copies: the progress thread
-    takes them from the computation it runs beside, and a step gets slower, not faster
-    (benchmarks/README.md, "PyTorch")."""
-    nodes = t.nodes
-    if len(set(nodes)) > 1:
-        return True
-    here = nodes.count(nodes[t.rank])
-    try:
-        mine = len(os.sched_getaffinity(0))
-    except AttributeError:          # (no affinity on this platform: every core)
-        mine = os.cpu_count() or 1
-    return mine >= 2 and (os.cpu_count() or 1) >= 2 * here
 
 
 def _but_the_slowest(seconds: list[float]) -> float:
