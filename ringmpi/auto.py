@@ -304,12 +304,14 @@ class Tuner:
     Exploration in two stages, each candidate's calls back to back (a call's time depends on
     what ran before it: a different algorithm leaves the MPI library's queues and the
     caches in another state, so round-robin timings misjudge the steady state).
-    Stage 0: every candidate twice, the first call cold (first-touch costs); the faster of
-    the two, combined across ranks (MAX), keeps a candidate if within PRUNE0 of the fastest
-    (a preemption in one call must not rule out the best). Stage 1: those
-    again, once untimed (the first call after another algorithm's pays for the switch,
-    several times a steady call) and STAGE1 times timed, MPI's own always among them (one
-    unlucky call must not rule out the library). A candidate's score is the mean of its
+    Stage 0: every candidate 1 + STAGE0 times, the first call cold (first-touch costs, and
+    the switch from another algorithm, which the second call may still pay); the fastest,
+    combined across ranks (MAX), keeps a candidate if within PRUNE0 of the fastest (a
+    preemption in one call must not rule out the best), and the OURS1 fastest of ringmpi's
+    are kept whatever. Stage 1: those again, once untimed (the first call after another
+    algorithm's pays for the switch, several times a steady call) and STAGE1 times timed,
+    MPI's own always among them (one unlucky call must not rule out the library). A
+    candidate's score is the mean of its
     stage-1 calls but the slowest, MAX over ranks; the lowest wins. The mean of calls back
     to back is what a loop of them takes; the fastest calls of a rank are not (the calls it
     came late to, when the others had done their part: scored so, MPI's own all-reduce in
@@ -318,7 +320,7 @@ class Tuner:
     call still paying for the switch (MPI's own large broadcasts on shared memory), decided
     against the library where it was twice as fast: benchmarks/README.md, "The drop-in's
     kept calls in one frame". A candidate far
-    slower than the best thus costs two calls, a close one 3 + STAGE1. Every
+    slower than the best thus costs 1 + STAGE0 calls, a close one 2 + STAGE0 + STAGE1. Every
     rank makes the same calls in the same order, so every rank's tuner walks the same
     schedule and exchanges at the same call: the decisions agree by construction. Settled,
     one call in `sample` is timed: the winner gives way to another whose tuned time is
@@ -330,6 +332,12 @@ class Tuner:
     verbose: bool = False
     seed: dict | None = None
     PRUNE0, STAGE1, CHECK, HYSTERESIS = 2.0, 4, 16, 1.10
+    # the fastest OURS1 of ringmpi's go on to stage 1 however far behind MPI's own: what a
+    # request runs is chosen among ringmpi's by their tuned times (`_request_winner`), and
+    # stage 0's are of calls just after a switch; and STAGE0 calls after the cold one there,
+    # since the switch can cost the second call too (benchmarks/README.md, "Requests that
+    # ran a slow algorithm")
+    OURS1, STAGE0 = 2, 2
     # a winner whose steady time is REEXPLORE x its tuned one was chosen on times from
     # another state (a cold start, a noisy moment): the candidates are explored again, at
     # most REEXPLORES times a bucket (benchmarks/README.md, "auto settled on a slow algorithm")
@@ -363,9 +371,9 @@ class Tuner:
             self._explore()
 
     def _explore(self) -> None:
-        """Stage 0 from the start: every candidate twice, the first call cold."""
+        """Stage 0 from the start: every candidate 1 + STAGE0 times, the first call cold."""
         self.winner, self.stage, self.explored_calls, self.explored_s = None, 0, 0, 0.0
-        self.schedule = [(c, r > 0) for c in self.candidates for r in range(2)]
+        self.schedule = [(c, r > 0) for c in self.candidates for r in range(1 + self.STAGE0)]
         self.times = {c: [] for c in self.candidates}
 
     def pick(self) -> dict:
@@ -417,14 +425,15 @@ class Tuner:
         if self.explored_calls < len(self.schedule):
             return False
         live = [c for c in self.candidates if self.times.get(c)]
-        # (stage 0: the faster of a candidate's two calls, the first one cold: one timed call
+        # (stage 0: the fastest of a candidate's calls, the first one cold: one timed call
         # that a preemption stretched 5x kept the fastest algorithm out of stage 1)
         score = min if self.stage == 0 else _but_the_slowest
         every = t.allreduce_max([score(self.times[c]) for c in live])
         self.tuned.update(zip(live, every))
         if self.stage == 0:
             best = min(every)
-            keep = [c for c in live if self.tuned[c] <= self.PRUNE0 * best or c == "mpi"]
+            ours = sorted((c for c in live if c != "mpi"), key=self.tuned.get)[:self.OURS1]
+            keep = [c for c in live if self.tuned[c] <= self.PRUNE0 * best or c == "mpi" or c in ours]
             if len(keep) > 1:  # stage 1: the close ones again, a settling call then timed ones
                 self.stage = 1
                 self.times = {c: [] for c in keep}

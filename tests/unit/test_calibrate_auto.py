@@ -97,9 +97,9 @@ def explore(t, collective, count, speed):
 
 
 def test_online_tuning_explores_then_picks_the_fastest_over_ranks():
-    """Every candidate once untimed and once timed, back to back, MAX over ranks (a candidate
-    fast here but slow on another rank loses); those within 2x three more calls each (MPI's
-    own always stays)."""
+    """Every candidate once untimed and twice timed, back to back, MAX over ranks (a
+    candidate fast here but slow on another rank loses); those within 2x five more calls
+    each (MPI's own always stays, and so do ringmpi's two fastest)."""
     settings.reload({})
     exchanges = []
 
@@ -114,8 +114,8 @@ def test_online_tuning_explores_then_picks_the_fastest_over_ranks():
     tuner, calls = explore(t, "allreduce", 1000, speed)
     best = speed[names[1]]                                     # names[0] lost on rank 1
     stage1 = [a for a in names[1:] if speed[a] <= 2.0 * best or a == "mpi"]
-    assert "mpi" in names and calls == [a for a in names for _ in "ut"] + [a for a in stage1 for _ in "utttt"]
-    assert all(calls.count(a) == 2 for a in names if a not in stage1)  # the slow ones: two calls
+    assert "mpi" in names and calls == [a for a in names for _ in "utt"] + [a for a in stage1 for _ in "utttt"]
+    assert all(calls.count(a) == 3 for a in names if a not in stage1)  # the slow ones: three calls
     assert tuner.winner == names[1] and tuner.tuned[names[0]] == 1.0
     assert choose(t, "allreduce", 1000) == names[1]
     assert choose(t, "allreduce", 900) == names[1]           # same size bucket (2-4 KiB): same tuner
@@ -131,7 +131,7 @@ def test_close_candidates_get_a_second_stage():
     speed[names[1]] = 10.5e-6
     tuner, calls = explore(t, "allreduce", 1000, speed)
     close = [a for a in names if a in (names[0], names[1], "mpi")]
-    assert calls == [a for a in names for _ in "ut"] + [a for a in close for _ in "utttt"]
+    assert calls == [a for a in names for _ in "utt"] + [a for a in close for _ in "utttt"]
     assert tuner.winner == names[0]
     assert tuner.exploration_cost == pytest.approx(sum(speed[c] - 10e-6 for c in calls))
 
@@ -185,6 +185,29 @@ def test_calls_still_paying_for_the_switch_do_not_decide():
             (25e-6, 26e-6)[since % 2]
         tuner.done(t, name, took)
     assert tuner.winner == "mpi", tuner.tuned
+
+
+def test_an_algorithm_still_paying_for_the_switch_in_stage_0_goes_on():
+    """64 KiB all-reduce, 2 ranks, measured: recursive doubling takes 13-15 us a call in a
+    loop, MPI's own 17, but just after another algorithm's calls its first two took 36-48
+    us. Timed once after the cold call, it was pruned in stage 0 (2x MPI's own) and requests,
+    which choose among ringmpi's by their tuned times, ran tree or rabenseifner at 1.5-2x
+    its time. Now stage 0 times two calls after the cold one, and ringmpi's two fastest go
+    on to stage 1 whatever: it wins."""
+    settings.reload({})
+    t = fake_transport(Profile(alpha=5e-6, beta=1 / 5e9, gamma=1 / 10e9), size=2)
+    tuner = auto.Tuner(("allreduce", "float32", "SUM", 17, ()), ["recursive_doubling", "tree", "mpi"])
+    since, last = 0, None
+    while tuner.winner is None:
+        name = tuner.pick()["algorithm"]
+        since = since + 1 if name == last else 0
+        last = name
+        if name == "recursive_doubling":
+            took = (60e-6, 45e-6)[since] if since < 2 else 14e-6
+        else:
+            took = {"mpi": 17e-6, "tree": 25e-6}[name]
+        tuner.done(t, name, took)
+    assert tuner.winner == "recursive_doubling" and tuner.tuned["recursive_doubling"] == pytest.approx(14e-6)
 
 
 def test_a_winner_far_slower_than_it_was_tuned_sends_the_bucket_back_to_exploring():
@@ -398,7 +421,7 @@ def test_a_failed_exploration_call_is_retried_not_skipped():
         assert again == first
         walked.append(first)
         tuner.done(t, first, 1e-6 if first == "ring" else 2e-6)
-    assert walked[:4] == ["mpi", "mpi", "ring", "ring"] and tuner.winner == "ring"
+    assert walked[:6] == ["mpi"] * 3 + ["ring"] * 3 and tuner.winner == "ring"
     assert tuner.pick()["algorithm"] == "ring"
 
 
