@@ -140,7 +140,7 @@ def test_online_tuning_agrees_on_every_rank(rng):
         x = rng.integers(-50, 50, n).astype(np.float32)
         want = reference("allreduce", x)
         picks = []
-        for _ in range(60):
+        for _ in range(100):   # (exploration: about 3 calls a candidate, 5 more for the close ones)
             assert np.array_equal(ringmpi.allreduce(x), want)
             picks.append(ringmpi.last_choice()["algorithm"])
         assert COMM.allgather(picks) == [picks] * P
