@@ -282,7 +282,8 @@ class _Kept:
     written out in each of `Comm.Bcast`, `Comm.Allreduce` and `_blocks_method`, not called:
     at a few bytes, one more Python frame is a tenth of mpi4py's whole call, and decides
     whether the drop-in keeps within the issue's 1.5x of it (benchmarks/README.md, "The
-    drop-in's kept calls in one frame")."""
+    drop-in's kept calls in one frame"). A nonblocking method's kept calls begin MPI's own
+    request (`start`)."""
     __slots__ = ("method", "function", "label", "generation", "transport", "send", "recv", "extra", "kind",
                  "count", "datatype", "calls")
 
