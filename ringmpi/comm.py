@@ -319,7 +319,7 @@ class _Kept:
                 return a is _IN_PLACE
             if type(a) is not np.ndarray:
                 return _fits(a, f)
-            return a.dtype is f.datatype and a.size == f.count and not (
+            return a.dtype is f.datatype and a.size == f.count and not (   # (`_may_overlap`, inline)
                 a is b or (a.base is not None or b.base is not None) and np.may_share_memory(a, b))
         return self.fits(a, b)
 
@@ -334,8 +334,7 @@ class _Kept:
             return True
         if not _fits(b, self.recv):
             return False
-        return type(a) is not np.ndarray or not (a is b or (a.base is not None or b.base is not None)
-                                                 and np.may_share_memory(a, b))
+        return type(a) is not np.ndarray or type(b) is not np.ndarray or not _may_overlap(a, b)
 
     def start(self, comm: "Comm", a: Any, b: Any, c: Any) -> "_NativeRequest | None":
         """MPI's own nonblocking `method(a, b[, c])` on arguments that fit, begun where the
@@ -403,7 +402,7 @@ class _NativeRequest(MPI.Request):
 def _fits(msg: Any, form: "_Form | Literal[True]") -> bool:
     """`msg` has `form` (`_form`)."""
     if form is True:
-        return msg is MPI.IN_PLACE
+        return msg is _IN_PLACE
     if type(msg) is np.ndarray:   # (one not contiguous: the full path, which serves it or says why not)
         return form.kind is np.ndarray and msg.dtype is form.datatype and msg.size == form.count and \
             msg.flags.c_contiguous
@@ -476,6 +475,12 @@ def _in_place(x: Any) -> bool:
 
 def _apart(a: np.ndarray, b: np.ndarray) -> bool:
     return not np.may_share_memory(a, b)
+
+
+def _may_overlap(a: np.ndarray, b: np.ndarray) -> bool:
+    """`_apart`'s opposite, without the bounds check for two arrays that own their memory
+    (which cannot overlap): what a kept call of two arrays compares (`_Kept`)."""
+    return a is b or (a.base is not None or b.base is not None) and np.may_share_memory(a, b)
 
 
 def _counts(x: Any, p: int) -> list[int] | None:
@@ -818,12 +823,13 @@ class Comm(MPI.Intracomm):
         return req
 
     def _kept_start(self, kept: "_Kept | None", a: Any, b: Any, c: Any, extra: Any) -> "_NativeRequest | None":
-        """A nonblocking call that fits its method's kept forms, begun as MPI's own
-        (`_Kept.start`); None: the full path."""
+        """A nonblocking call `method(a, b[, c])` that fits its method's kept forms (`b` the
+        second buffer, or a one-buffer call's root), begun as MPI's own (`_Kept.start`);
+        None: the full path."""
         if kept is None or not (extra is kept.extra or extra == kept.extra) or \
-                not (kept.fits(a, None) if b is None else kept.pair(a, b)):
+                not (kept.fits(a, None) if kept.recv is None else kept.pair(a, b)):
             return None
-        return kept.start(self, a, b if b is not None else c, c if b is not None else None)
+        return kept.start(self, a, b, c)
 
     def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
         CALLS["Allgatherv"] += 1
@@ -910,7 +916,7 @@ class Comm(MPI.Intracomm):
         return self._start("Ireduce", self._reduce(sendbuf, recvbuf, op, root), sendbuf, recvbuf, op, root)
 
     def Ibcast(self, buf: Any, root: int = 0) -> Any:
-        req = self._kept_start(self._kept_ibcast, buf, None, root, root)
+        req = self._kept_start(self._kept_ibcast, buf, root, None, root)
         if req is not None:
             return req
         return self._start("Ibcast", self._bcast(buf, root), buf, root, key=_forms(buf, None, root))

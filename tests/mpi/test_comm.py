@@ -449,6 +449,20 @@ def test_repeated_nonblocking_calls_pass_to_mpi_as_they_are(rng):
             assert not any(isinstance(r, dropin._NativeRequest) for r in reqs), [type(r) for r in reqs]
 
 
+def test_a_kept_form_of_an_array_and_a_tuple():
+    """An array sent, a `(buf, count, type)` tuple received, MPI's own chosen: the form is
+    kept, and its later calls are compared as such (an array beside a tuple has no
+    overlap to look for)."""
+    import mmap
+    c = ringmpi.Comm(WORLD, alltoall="mpi")
+    send = np.arange(P, dtype=np.uint8) + 10 * R
+    for i in range(4):
+        out = mmap.mmap(-1, P)
+        c.Alltoall(send, (out, 1, MPI.BYTE))
+        assert list(out[:]) == [10 * q + R for q in range(P)], i
+    assert "Alltoall" in c._kept and c._kept["Alltoall"].calls >= 2
+
+
 def test_nothing_kept_where_every_call_is_compared():
     """Under RINGMPI_CHECK every call is compared across ranks first: no buffer form is
     passed to MPI as it is (`_Kept`), so a call that differs from another rank's is caught
