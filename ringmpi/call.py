@@ -43,6 +43,12 @@ class Call(NamedTuple):
                 return v
         return default
 
+    def blocks(self, p: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The even split of the call's `count` elements over p ranks (`block_counts`) and
+        its offsets: block i is [off[i], off[i+1])."""
+        counts = block_counts(self.count, p)
+        return counts, offsets(counts)
+
     @property
     def wide_partials(self) -> bool:
         """A 16-bit float whose partial sums are kept wider than its items (`partials`, the

@@ -361,6 +361,20 @@ def _through(m: Memo, plan: Any, sendbuf: Any, recvbuf: Any, extra: Any, comm: A
     return out
 
 
+def _planned(spec: Collective, m: Memo, ok: bool, keyed: Any, extra: Any, comm: Any, algorithm: Any,
+             args: dict) -> Any:
+    """A call its memo `m` missed: the plan kept for its key (`ok`: a key can be made;
+    `keyed`: the other arguments as the key holds them, `extra` as the memo compares them),
+    run and remembered for the next call; else the full path (`api.execute`), which keeps
+    one."""
+    sendbuf = args[spec.send_arg]
+    recvbuf = args[spec.recv_arg] if spec.recv_arg else None
+    plan = PLANS.get(key := _key(ok, spec, comm, algorithm, keyed, sendbuf, recvbuf))
+    if plan is None:
+        return execute(spec, comm, algorithm, args, key)
+    return _through(m, plan, sendbuf, recvbuf, extra, comm, algorithm)
+
+
 _LAST_ALLREDUCE, _LAST_REDUCE_SCATTER, _LAST_ALLGATHER, _LAST_BROADCAST, _LAST_REDUCE, _LAST_ALLTOALL = (
     CACHE.memo(name) for name in ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall"))
 
@@ -402,11 +416,8 @@ def allreduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any
                                                    m.recv() is recvbuf and recvbuf.dtype is m.recv_dtype):
         return plan(sendbuf, recvbuf)
     extra, keyed = _with_mode(op, deterministic)
-    plan = PLANS.get(key := _key(True, _ALLREDUCE, comm, algorithm, keyed, sendbuf, recvbuf))
-    if plan is None:
-        return execute(_ALLREDUCE, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, op=op,
-                                                         deterministic=deterministic), key)
-    return _through(_LAST_ALLREDUCE, plan, sendbuf, recvbuf, extra, comm, algorithm)
+    return _planned(_ALLREDUCE, m, True, keyed, extra, comm, algorithm,
+                    dict(sendbuf=sendbuf, recvbuf=recvbuf, op=op, deterministic=deterministic))
 
 
 def reduce_scatter(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any = "sum",
@@ -424,14 +435,10 @@ def reduce_scatter(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op
         >>> ringmpi.reduce_scatter(np.ones(4))      # [2., 2.] on both ranks
     """
     extra, keyed = _with_mode(op, deterministic)
-    plan = _remembered(_LAST_REDUCE_SCATTER, sendbuf, recvbuf, extra, comm, algorithm) if counts is None else None
-    if plan is not None:
+    if counts is None and (plan := _remembered(_LAST_REDUCE_SCATTER, sendbuf, recvbuf, extra, comm, algorithm)) is not None:
         return plan(sendbuf, recvbuf)
-    plan = PLANS.get(key := _key(counts is None, _REDUCE_SCATTER, comm, algorithm, keyed, sendbuf, recvbuf))
-    if plan is None:
-        return execute(_REDUCE_SCATTER, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, op=op, counts=counts,
-                                                              deterministic=deterministic), key)
-    return _through(_LAST_REDUCE_SCATTER, plan, sendbuf, recvbuf, extra, comm, algorithm)
+    return _planned(_REDUCE_SCATTER, _LAST_REDUCE_SCATTER, counts is None, keyed, extra, comm, algorithm,
+                    dict(sendbuf=sendbuf, recvbuf=recvbuf, op=op, counts=counts, deterministic=deterministic))
 
 
 def allgather(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, comm: Any = None,
@@ -446,13 +453,10 @@ def allgather(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, comm: A
     Example (mpirun -n 2):
         >>> ringmpi.allgather(np.array([rank]))     # [0, 1] on both ranks
     """
-    plan = _remembered(_LAST_ALLGATHER, sendbuf, recvbuf, None, comm, algorithm) if counts is None else None
-    if plan is not None:
+    if counts is None and (plan := _remembered(_LAST_ALLGATHER, sendbuf, recvbuf, None, comm, algorithm)) is not None:
         return plan(sendbuf, recvbuf)
-    plan = PLANS.get(key := _key(counts is None, _ALLGATHER, comm, algorithm, None, sendbuf, recvbuf))
-    if plan is None:
-        return execute(_ALLGATHER, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, counts=counts), key)
-    return _through(_LAST_ALLGATHER, plan, sendbuf, recvbuf, None, comm, algorithm)
+    return _planned(_ALLGATHER, _LAST_ALLGATHER, counts is None, None, None, comm, algorithm,
+                    dict(sendbuf=sendbuf, recvbuf=recvbuf, counts=counts))
 
 
 def broadcast(buf: np.ndarray, root: int = 0, *, comm: Any = None, algorithm: str = "auto",
@@ -467,14 +471,10 @@ def broadcast(buf: np.ndarray, root: int = 0, *, comm: Any = None, algorithm: st
         >>> ringmpi.broadcast(weights, root=0, algorithm="pipeline", segments=16)
     """
     extra = (root, segments)
-    plan = _remembered(_LAST_BROADCAST, buf, None, extra, comm, algorithm)
-    if plan is not None:
+    if (plan := _remembered(_LAST_BROADCAST, buf, None, extra, comm, algorithm)) is not None:
         return plan(buf, None)
-    plan = PLANS.get(key := _key(type(root) is int and (segments is None or type(segments) is int), _BROADCAST, comm,
-                                 algorithm, extra, buf, None))
-    if plan is None:
-        return execute(_BROADCAST, comm, algorithm, dict(buf=buf, root=root, segments=segments), key)
-    return _through(_LAST_BROADCAST, plan, buf, None, extra, comm, algorithm)
+    return _planned(_BROADCAST, _LAST_BROADCAST, type(root) is int and (segments is None or type(segments) is int),
+                    extra, extra, comm, algorithm, dict(buf=buf, root=root, segments=segments))
 
 
 def reduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, root: int = 0, *,
@@ -487,15 +487,10 @@ def reduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, root: int = 0
     "auto". `deterministic` as in `allreduce`.
     """
     extra = (root, op, deterministic)
-    plan = _remembered(_LAST_REDUCE, sendbuf, recvbuf, extra, comm, algorithm)
-    if plan is not None:
+    if (plan := _remembered(_LAST_REDUCE, sendbuf, recvbuf, extra, comm, algorithm)) is not None:
         return plan(sendbuf, recvbuf)
-    plan = PLANS.get(key := _key(type(root) is int, _REDUCE, comm, algorithm, (root, id(op), deterministic), sendbuf,
-                                 recvbuf))
-    if plan is None:
-        return execute(_REDUCE, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf, root=root, op=op,
-                                                      deterministic=deterministic), key)
-    return _through(_LAST_REDUCE, plan, sendbuf, recvbuf, extra, comm, algorithm)
+    return _planned(_REDUCE, _LAST_REDUCE, type(root) is int, (root, id(op), deterministic), extra, comm, algorithm,
+                    dict(sendbuf=sendbuf, recvbuf=recvbuf, root=root, op=op, deterministic=deterministic))
 
 
 def alltoall(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, comm: Any = None,
@@ -509,13 +504,10 @@ def alltoall(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, comm: An
     Example (mpirun -n 2):
         >>> ringmpi.alltoall(np.array([10 * rank, 10 * rank + 1]))   # rank 0: [0, 10]; rank 1: [1, 11]
     """
-    plan = _remembered(_LAST_ALLTOALL, sendbuf, recvbuf, None, comm, algorithm)
-    if plan is not None:
+    if (plan := _remembered(_LAST_ALLTOALL, sendbuf, recvbuf, None, comm, algorithm)) is not None:
         return plan(sendbuf, recvbuf)
-    plan = PLANS.get(key := _key(True, _ALLTOALL, comm, algorithm, None, sendbuf, recvbuf))
-    if plan is None:
-        return execute(_ALLTOALL, comm, algorithm, dict(sendbuf=sendbuf, recvbuf=recvbuf), key)
-    return _through(_LAST_ALLTOALL, plan, sendbuf, recvbuf, None, comm, algorithm)
+    return _planned(_ALLTOALL, _LAST_ALLTOALL, True, None, None, comm, algorithm,
+                    dict(sendbuf=sendbuf, recvbuf=recvbuf))
 
 
 # -- requests: the same calls nonblocking (i...) and persistent (..._init) ------------------

@@ -27,7 +27,7 @@ root folds in rank order too) is the latency-bound choice of the same guarantee.
 from __future__ import annotations
 
 from ..cost import Cost
-from . import block_counts, cdiv, offsets, register
+from . import cdiv, offsets, register
 from .ring import allgather_phase, blocks_of, blocks_to_root
 
 __all__ = ["fold_blocks"]
@@ -92,8 +92,7 @@ def reduce_scatter(t, call):
 @register("allreduce", "ordered", _ar_cost, ordered=True)
 def allreduce(t, call):
     p, r = t.size, t.rank
-    counts = block_counts(call.count, p)
-    off = offsets(counts)
+    counts, off = call.blocks(p)
     fold_blocks(t, call.send, counts, call.op, call.recv[off[r]:off[r + 1]], call.inplace)
     allgather_phase(t, call.recv, blocks_of(off), r)
 
@@ -102,8 +101,7 @@ def allreduce(t, call):
 def reduce(t, call):
     """The ordered reduce-scatter, then every owner's block to the root."""
     p, r, root = t.size, t.rank, call.root
-    counts = block_counts(call.count, p)
-    off = offsets(counts)
+    counts, off = call.blocks(p)
     mine = call.recv[off[r]:off[r + 1]] if r == root else t.empty(counts[r], call.dtype)
     fold_blocks(t, call.send, counts, call.op, mine, call.inplace)
     blocks_to_root(t, call, off, mine, at_root=r == root)

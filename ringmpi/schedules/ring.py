@@ -193,8 +193,7 @@ def _reduce_cost(p, count, itemsize, **_):
 def reduce(t, call):
     """Ring reduce-scatter, then every rank sends its reduced block to the root."""
     p, r = t.size, t.rank
-    counts = block_counts(call.count, p)
-    off = offsets(counts)
+    counts, off = call.blocks(p)
     mine = t.empty(counts[r], call.dtype)
     reduce_scatter(t, call._replace(recv=mine, counts=tuple(counts), inplace=False))
     blocks_to_root(t, call, off, mine)

@@ -8,7 +8,7 @@ from typing import Any, Callable, NoReturn
 
 from ..units import parse_rate, parse_size, parse_time
 
-__all__ = ["size", "time", "rate", "int_list", "converter", "fail"]
+__all__ = ["size", "time", "rate", "count", "positive", "int_list", "converter", "fail"]
 
 
 def fail(command: str, message: str) -> NoReturn:
@@ -31,6 +31,30 @@ def converter(fn: Callable[[str], Any], name: str) -> Callable[[str], Any]:
 size = converter(parse_size, "size")
 time = converter(parse_time, "time")
 rate = converter(parse_rate, "rate")
+
+
+def _bounded(kind: type, positive: bool) -> Callable[[str], Any]:
+    """A number of `kind` above 0 (`positive`) or at least 0, as an argparse type."""
+    need = "must be above 0" if positive else f"expected a non-negative {'integer' if kind is int else 'number'}"
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ValueError(f"{text!r}: expected a number") from None
+        if not (value > 0 if positive else value >= 0):
+            raise ValueError(f"{need}, got {text!r}")
+        return value
+    return converter(parse, f"{'positive' if positive else 'non-negative'} {kind.__name__}")
+
+
+#: a non-negative integer (ranks, nodes, jobs)
+count = _bounded(int, False)
+
+
+def positive(kind: type) -> Callable[[str], Any]:
+    """A number of `kind` (int, float) above 0: steps, samples, rates."""
+    return _bounded(kind, True)
 
 
 def int_list(text: str) -> list[int]:

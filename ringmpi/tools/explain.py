@@ -365,24 +365,13 @@ def _common(p) -> None:
     p.add_argument("--collective", choices=list(SPECS), default="allreduce", help="collective")
     p.add_argument("--segments", type=int, default=0,
                    help="pipeline segments (0: the tuned S; tables use 4)")
-    p.add_argument("--per-node", type=_count, default=0,
+    p.add_argument("--per-node", type=args.count, default=0,
                    help="ranks per node: a cluster of nodes, its links inside a node at --alpha-local and "
                         "--bandwidth-local (0: one node, one kind of link)")
-    p.add_argument("--nodes", type=_count, default=0, help="nodes (with --per-node: the world size is their product)")
+    p.add_argument("--nodes", type=args.count, default=0, help="nodes (with --per-node: the world size is their product)")
     p.add_argument("--alpha-local", type=args.time, default=None, help="latency inside a node (default: --alpha)")
     p.add_argument("--bandwidth-local", type=args.rate, default=None,
                    help="bandwidth inside a node (default: --bandwidth)")
-
-
-def _count(text: str) -> int:
-    """A non-negative integer (ranks, nodes)."""
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return v
 
 
 def _factor(text: str) -> tuple[int | None, float]:
@@ -423,9 +412,9 @@ def add_parser(sub, name: str, text: str = "") -> None:
         s.add_argument("--slow-link", type=_link, action="append", default=[], metavar="SRC:DST=FACTOR",
                        help="time: one link direction FACTOR times slower (repeatable)")
         s.add_argument("--overhead", type=args.time, default=0.0, help="time: per-message CPU overhead (LogP's o)")
-        s.add_argument("--jobs", type=_count, default=0,
+        s.add_argument("--jobs", type=args.count, default=0,
                        help="time: rows simulated at once, each in its own process (0: one per core; 1: none)")
-        s.add_argument("--count", type=_count, default=4096, help="accuracy: elements per rank")
+        s.add_argument("--count", type=args.count, default=4096, help="accuracy: elements per rank")
         s.add_argument("--values", choices=["uniform", "normal"], default="uniform",
                        help="accuracy: the random data (uniform in [0, 1): well conditioned sums)")
         s.add_argument("--plot", default="", metavar="FILE", help="accuracy: also plot the maximum error against p")

@@ -9,7 +9,6 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
 
 import numpy as np
 
@@ -368,19 +367,6 @@ def _run_torch(ns) -> int:
         show.stop()
 
 
-def _positive(kind: type) -> Callable[[str], Any]:
-    def convert(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected a number") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"{text!r}: must be above 0")
-        return value
-    convert.__name__ = f"positive {kind.__name__}"
-    return convert
-
-
 def add_parser(sub, name: str = "train", text: str = "") -> None:
     a = sub.add_parser(name, help=text, description=__doc__.split("\n\n")[0],
                        epilog="example: python -m ringmpi.launch -n 4 -- .venv/bin/ringmpi train --steps 20 --compare",
@@ -389,16 +375,16 @@ def add_parser(sub, name: str = "train", text: str = "") -> None:
                    help="numpy (ringmpi's own models) or torch (HW5's functions on torch modules, ringmpi.torch)")
     a.add_argument("--model", choices=["mlp", "rnn"], default="mlp", help="an MLP classifier or a character RNN")
     a.add_argument("--sizes", type=args.int_list, default="16,32,32,4", help="MLP layer sizes")
-    a.add_argument("--samples", type=_positive(int), default=512, help="data set size")
-    a.add_argument("--steps", type=_positive(int), default=20, help="training steps")
-    a.add_argument("--batch", type=_positive(int), default=64, help="global batch (split over the ranks)")
+    a.add_argument("--samples", type=args.positive(int), default=512, help="data set size")
+    a.add_argument("--steps", type=args.positive(int), default=20, help="training steps")
+    a.add_argument("--batch", type=args.positive(int), default=64, help="global batch (split over the ranks)")
     a.add_argument("--dtype", choices=["float32", "float64"], default="float64", help="parameter type")
     a.add_argument("--device", choices=list(DEVICES), default="cpu",
                    help="where parameters and gradients live (cuda: cupy arrays, all-reduced on the GPU)")
     a.add_argument("--algorithm", choices=algorithms("allreduce") + ["auto"], default="ring",
                    help="all-reduce algorithm for the gradients")
     a.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd", help="optimizer")
-    a.add_argument("--lr", type=_positive(float), default=0.1, help="learning rate")
+    a.add_argument("--lr", type=args.positive(float), default=0.1, help="learning rate")
     a.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     a.add_argument("--seed", type=int, default=0, help="seed of data, initial parameters and shuffling")
     a.add_argument("--compare", action="store_true", help="also run single-process and MPI_Allreduce training")
@@ -419,9 +405,9 @@ def add_parser(sub, name: str = "train", text: str = "") -> None:
     a.add_argument("--checkpoint", metavar="DIR", default="",
                    help="resume from the newest complete checkpoint in DIR and write checkpoints there "
                         "(atomically, with a digest; rank 0 writes, on a thread)")
-    a.add_argument("--checkpoint-every", type=_positive(int), default=10, metavar="N",
+    a.add_argument("--checkpoint-every", type=args.positive(int), default=10, metavar="N",
                    help="steps between checkpoints (and one at the end)")
-    a.add_argument("--checkpoint-keep", type=_positive(int), default=2, metavar="K",
+    a.add_argument("--checkpoint-keep", type=args.positive(int), default=2, metavar="K",
                    help="checkpoints kept in DIR (the newest K)")
     a.add_argument("--on-failure", choices=["abort", "shrink"], default="abort",
                    help="a lost rank: end the job (restart it with ringmpi.launch --restarts), or go on with "
