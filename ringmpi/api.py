@@ -450,7 +450,7 @@ class _Bound:
         view, call, result = self.view, self.call, self.result
         if self.launched:           # a persistent request's next start
             if p.request is None or p.request.done:
-                view.again(self.name)
+                view.again(self.name, self.native)
             else:                    # (never two calls on one transport: each has its tag and scratch)
                 view = self.view = self.t.request_view(self.name)
         self.launched = True

@@ -751,11 +751,15 @@ class RequestView(_Wire):
         """The request's body raised (see `MPITransport.failed`): its own call is named."""
         return self.group.failed(err, self.label, self.seq)
 
-    def again(self, label: str) -> None:
-        """A persistent request starts again: the next sequence number and tag, scratch reset."""
+    def again(self, label: str, own: bool = False) -> None:
+        """A persistent request starts again: the next sequence number and tag, scratch reset
+        (`own`: a call that is one of MPI's own collectives, which uses neither)."""
         g = self.group
         g.seq += 1
-        self.seq, self.tag, self.label = g.seq, _tag(g.seq, label, g._tags), label
+        self.seq, self.label = g.seq, label
+        if own:
+            return
+        self.tag = _tag(g.seq, label, g._tags)
         if self.pool is None:
             self.pool = g.take_pool()   # (reset)
         else:
@@ -811,7 +815,7 @@ class RequestView(_Wire):
         if self._alone():
             getattr(self.comm, function)(*args)
             return
-        self._await([getattr(self.comm, _nonblocking(function))(*args)])
+        self._await([_NONBLOCKING[function](self.comm, *args)])
 
     def ready(self) -> bool:
         """Whether the messages in flight are complete (MPI's error in them raised here)."""
@@ -902,10 +906,16 @@ _ERROR_CLASSES = {getattr(MPI, n): f"MPI_{n}" for n in sorted(dir(MPI), reverse=
 
 
 @functools.cache
-def _nonblocking(function: str) -> str:
-    """A communicator method's nonblocking one ("Allreduce" -> "Iallreduce"), looked up,
-    not built, at a request's start."""
-    return "I" + function[0].lower() + function[1:]
+class _Nonblocking(dict):
+    """A communicator method's nonblocking one ("Allreduce" -> MPI.Intracomm.Iallreduce),
+    looked up once, not built at each request's start."""
+
+    def __missing__(self, function: str) -> Any:
+        method = self[function] = getattr(MPI.Intracomm, "I" + function[0].lower() + function[1:])
+        return method
+
+
+_NONBLOCKING = _Nonblocking()
 
 
 # -- MPI's own collective for a Call: which library function, with which arguments ----------

@@ -72,6 +72,7 @@ class Request:
     let: Any = None                # that greenlet
     resumer: Any = None            # the greenlet that advanced it last (where it suspends to)
     inline: bool = False           # its body runs on its waiter's stack, not in a greenlet (`Engine._inline`)
+    waiter: bool = False           # a caller waits for it (`Engine.wait_for`), and collects it once complete
     on_done: Callable[["Request"], None] | None = None       # (a generalized MPI request's completion)
     posted: bool = False           # MPI's own collective was posted at the start: `body` only finishes it
     wakes: bool = False            # worth waking the progress thread for at its start (`Engine.start`)
@@ -100,7 +101,9 @@ class Request:
         if not self.waited:
             self.waited = True
             if not self.inline:
-                engine().collected(self)
+                eng = engine()
+                if not self.waiter or self in eng.unwaited:   # (completed by another thread before its waiter came)
+                    eng.collected(self)
         source = self.source
         if source is not None and source.transient and source.request is self:
             source.request = None
@@ -352,7 +355,7 @@ class Engine:
         with self.lock:
             req.done = True
             self.active.pop(req, None)
-            if not req.waited and not req.inline:   # (an inline one's waiter collects it next)
+            if not (req.waited or req.inline or req.waiter):   # (one with a waiter: collected next)
                 self.unwaited[req] = None
             finished = req.finished
         if finished is not None:
@@ -385,6 +388,7 @@ class Engine:
         the progress thread, which stops sleeping meanwhile. Watched by the stall inspector."""
         g, me = req.group, threading.get_ident()
         before = g.waiting(req.label, req.seq)
+        req.waiter = True
         try:
             while not req.done:
                 if req.posted:
@@ -444,7 +448,11 @@ class Engine:
         try:
             if not req.done:
                 req.view.wait_all()
-                self._complete(req)
+                view = req.view
+                if view.failure is None and view.until is None:   # (complete: Waitall returned)
+                    self._run(req)
+                else:
+                    self._complete(req)
         finally:
             self._release(req)
 
