@@ -334,7 +334,7 @@ def execute(spec: Any, comm: Any, algorithm: Any, args: dict, key: tuple | None 
 
 
 def request(spec: Any, comm: Any, algorithm: Any, args: dict, persistent: bool = False,
-            on_done: Callable | None = None) -> Any:
+            on_done: Callable | None = None, margin: float | None = None) -> Any:
     """Begin one public collective as a request (`ringmpi.requests.Request`), or bind it as
     a persistent one (`Persistent`, started by the caller). Validated, agreed
     (RINGMPI_CHECK) and resolved as a blocking call is, at this call: errors are raised here,
@@ -343,7 +343,9 @@ def request(spec: Any, comm: Any, algorithm: Any, args: dict, persistent: bool =
     (`_stand_in`): that request runs to its end unseen, and the error is raised here.
     `on_done(request)` runs when a call completes, on whichever thread completed it (the
     drop-in completes MPI generalized requests so); such requests go to the progress
-    thread whatever RINGMPI_PROGRESS says, since MPI's own waits cannot advance them."""
+    thread whatever RINGMPI_PROGRESS says, since MPI's own waits cannot advance them.
+    `margin`: how much faster than ringmpi's best MPI's own nonblocking collective must be
+    for `auto` to run it (`auto.choose_request`; None: REQUEST_MARGIN)."""
     t, e = _edge(f"{spec.name}_init" if persistent else f"i{spec.name}", comm)
     try:
         st = settings()
@@ -370,7 +372,7 @@ def request(spec: Any, comm: Any, algorithm: Any, args: dict, persistent: bool =
         finally:
             t.end()
     _auto.profile_of(t)   # (collective at its first use: read now, while every rank is here)
-    bound = _bind(e, spec, algorithm, call, result, on_done, st)
+    bound = _bind(e, spec, algorithm, call, result, on_done, st, margin)
     if persistent:
         return bound.persistent(bound.native and on_done is None)
     kept = bound.persistent(False)
@@ -482,17 +484,18 @@ class _Bound:
         return result
 
 
-def _bind(e: Edge, spec: Any, algorithm: str, call: Call, result: Any, on_done: Any, st: Any) -> _Bound:
+def _bind(e: Edge, spec: Any, algorithm: str, call: Call, result: Any, on_done: Any, st: Any,
+          margin: float | None = None) -> _Bound:
     """The request's transport and its resolved algorithm (kept per call shape on the
     communicator's transport: what a call resolves to depends on nothing but the key)."""
     t = e.t
     view = t.request_view(label(spec, algorithm, call))
     dev = _device(e, call, view) if not isinstance(call.send, np.ndarray) else None
     key = (spec, algorithm, call.count, call.dtype, call.op, call.root, call.counts, call.params, call.inplace,
-           dev is None, st.generation, CACHE.generation)
+           dev is None, margin, st.generation, CACHE.generation)
     known = t.request_plans.get(key)
     if known is None:
-        alg, resolved = _resolve_request(e, spec, algorithm, call, view if dev is None else dev)
+        alg, resolved = _resolve_request(e, spec, algorithm, call, view if dev is None else dev, margin)
         known = t.request_plans.put(key, (alg, resolved.params, label(spec, alg.name, resolved)))
     alg, params, name = known
     view.relabel(name)
@@ -517,12 +520,13 @@ def _library_takes(call: Call) -> bool:
     return not (call.op in ("MAX", "MIN") and call.dtype.kind == "f") and not is_half(call.dtype)
 
 
-def _resolve_request(e: Edge, spec: Any, algorithm: str, call: Call, on: Any) -> tuple[Any, Call]:
+def _resolve_request(e: Edge, spec: Any, algorithm: str, call: Call, on: Any,
+                     margin: float | None = None) -> tuple[Any, Call]:
     """`_resolve` for a request running on transport `on` (its view, or the view's device
     transport): auto among the algorithms that can run as requests, not timed."""
     if algorithm == "auto":
         try:
-            choice = _auto.choose_request(on, e.t, call)
+            choice = _auto.choose_request(on, e.t, call, margin)
         except ValueError as err:
             e.fail(str(err))
         algorithm = choice["algorithm"]

@@ -204,13 +204,16 @@ def choose(t: Any, call: Call) -> dict:
     return choice
 
 
-def choose_request(view: Any, g: Any, call: Call) -> dict:
+def choose_request(view: Any, g: Any, call: Call, margin: float | None = None) -> dict:
     """What `auto` runs for a request (`ringmpi.requests`; `view` its transport): the
     algorithm online tuning settled on for blocking calls of the same bucket when it can
     run as a request, else the lowest predicted time among those that can (`g`: the
     communicator's transport, which keeps the choices). Requests are not
     timed for the tuner: what a request's time includes (the caller's computation, other
-    requests) is not the algorithm's."""
+    requests) is not the algorithm's. `margin`: how much faster than ringmpi's best MPI's own
+    nonblocking collective must be to run (None: REQUEST_MARGIN; the drop-in passes 1: its
+    caller asked for MPI's own, which it runs unless ringmpi's is faster)."""
+    margin = REQUEST_MARGIN if margin is None else margin
     st = settings()
     collective = call.collective.name
     forced = st.forced(collective)
@@ -219,33 +222,33 @@ def choose_request(view: Any, g: Any, call: Call) -> dict:
         return {"algorithm": forced, "why": "forced by RINGMPI_ALGO", "collective": collective}
     tuner = g.tuners.get(_bucket(view, call)) if st.tune else None
     if tuner is not None and tuner.winner is not None:
-        name = _request_winner(tuner, view, call)
+        name = _request_winner(tuner, view, call, margin)
         if name is not None:
             choice = tuner.choice(name)
             del choice["tuner"]
             if name != tuner.winner:
                 choice["why"] = (f"online tuning: the fastest of ringmpi's measured (MPI's own, {tuner.winner}, "
-                                 f"as a nonblocking collective only where {REQUEST_MARGIN:g}x faster)")
+                                 f"as a nonblocking collective only where {margin:g}x faster)")
             return choice
-    ckey = (collective, call.count, call.itemsize, call.params, st.generation, view.on_device)
+    ckey = (collective, call.count, call.itemsize, call.params, st.generation, view.on_device, margin)
     choice = g.request_choices.get(ckey)
     if choice is None:
         native_ok = g.native_serves(call)
         choice = _predicted_choice(view, call, profile_of(g), native_ok)
         preds = choice["predicted_s"]
         ours = {a: s for a, s in preds.items() if a != "mpi"}
-        if choice["algorithm"] == "mpi" and ours and REQUEST_MARGIN * preds["mpi"] > min(ours.values()):
+        if choice["algorithm"] == "mpi" and ours and margin * preds["mpi"] > min(ours.values()):
             choice["algorithm"] = min(ours, key=ours.get)
-            choice["why"] += f"; MPI's own nonblocking collective only where {REQUEST_MARGIN:g}x faster"
+            choice["why"] += f"; MPI's own nonblocking collective only where {margin:g}x faster"
         choice.update(collective=collective, bytes=call.count * call.itemsize)
         g.request_choices.put(ckey, choice)
     return choice
 
 
-def _request_winner(tuner: "Tuner", view: Any, call: Call) -> str | None:
+def _request_winner(tuner: "Tuner", view: Any, call: Call, margin: float) -> str | None:
     """Of the algorithms a tuner measured (blocking calls, the same times on every rank),
     the one a request runs: its winner, but where that is MPI's own, the fastest of
-    ringmpi's that can run as a request unless MPI's is REQUEST_MARGIN times faster (its
+    ringmpi's that can run as a request unless MPI's is `margin` times faster (its
     nonblocking collective is another implementation, which can be much slower than the
     blocking one it was measured as: benchmarks/README.md, "Requests on the algorithm
     measured"); None where none measured can run."""
@@ -256,7 +259,7 @@ def _request_winner(tuner: "Tuner", view: Any, call: Call) -> str | None:
     ours = [a for a in runs if a != "mpi"]
     best = min(ours, key=tuned.get) if ours else None
     if tuner.winner in runs and (tuner.winner != "mpi" or best is None or
-                                 REQUEST_MARGIN * tuned["mpi"] <= tuned[best]):
+                                 margin * tuned["mpi"] <= tuned[best]):
         return tuner.winner
     return best if best is not None else "mpi"
 

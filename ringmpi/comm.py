@@ -1035,6 +1035,16 @@ def _nothing(*_: Any) -> None:
     pass
 
 
+#: the drop-in's requests run MPI's own nonblocking collective wherever the blocking calls'
+#: tuning (or the model) found MPI's own the fastest: `api.request`'s margin 1, where
+#: ringmpi's own `iallreduce` and the like ask REQUEST_MARGIN and run an algorithm of theirs
+#: that advances while its caller computes. The drop-in's caller asked for MPI's own call,
+#: and a program switched to the drop-in must not get slower: at 64 KiB-1 MiB ringmpi's
+#: requests cost 2-4x MPI's own with nothing to overlap (benchmarks/README.md, "The
+#: drop-in's requests as asked").
+AS_ASKED = 1.0
+
+
 class _Request(MPI.Grequest):
     """What the drop-in's nonblocking calls return: an MPI generalized request (the MPI
     standard's way for a library to hand out requests of its own), completed by ringmpi
@@ -1064,7 +1074,7 @@ class _Request(MPI.Grequest):
             memos = comm._requests = {}
         memo = memos.get(served.collective)
         if memo is None:
-            memo = memos[served.collective] = _c.RequestMemo(_c.SPECS[served.collective])
+            memo = memos[served.collective] = _c.RequestMemo(_c.SPECS[served.collective], AS_ASKED)
         try:
             req._ring = memo.start((), served.args, lambda _, named: {**named, "comm": comm, "algorithm": algorithm},
                                    on_done=done)
@@ -1099,7 +1109,8 @@ class _Persistent(MPI.Prequest):
     @classmethod
     def make(cls, comm: "Comm", served: _Served, algorithm: str) -> "_Persistent":
         req = cls()
-        req._ring = request(_c.SPECS[served.collective], comm, algorithm, served.args, persistent=True)
+        req._ring = request(_c.SPECS[served.collective], comm, algorithm, served.args, persistent=True,
+                            margin=AS_ASKED)
         req._then = served.then
         return req
 

@@ -259,7 +259,8 @@ def test_a_request_runs_mpi_s_own_only_where_measured_far_faster():
     """A request takes the algorithm online tuning measured fastest for blocking calls, but
     MPI's own only where it is REQUEST_MARGIN times faster than ringmpi's best (its
     nonblocking collective is another implementation); an algorithm that cannot run as a
-    request is passed over."""
+    request is passed over. With margin 1 (the drop-in's: its caller asked for MPI's own),
+    whatever was measured fastest, MPI's own included."""
     settings.reload({})
     t = fake_transport(Profile(alpha=5e-6, beta=1 / 5e9, gamma=1 / 10e9), size=2)
     view = types.SimpleNamespace(**vars(t))
@@ -275,6 +276,8 @@ def test_a_request_runs_mpi_s_own_only_where_measured_far_faster():
         got = auto.choose_request(view, t, call)
         assert got["algorithm"] == want, (mpi, ours, got)
         assert ("ringmpi's measured" in got["why"]) == (tuner.winner != want)
+        asked = auto.choose_request(view, t, call, 1.0)
+        assert asked["algorithm"] == tuner.winner == ("mpi" if mpi < ours else "recursive_doubling"), (mpi, ours, asked)
 
 
 def test_candidates_predicted_far_slower_are_never_tried():
