@@ -116,16 +116,20 @@ def overlaps(comm: Any = None) -> bool:
     all compute, the transfer is the CPU's memory copies: the progress thread takes them
     from the computation it runs beside, and a step gets slower, not faster
     (benchmarks/README.md, "PyTorch"); the collective then runs blocking, at once."""
-    t = group(comm)
-    nodes = t.nodes
-    if len(set(nodes)) > 1:
-        return True
-    here = nodes.count(nodes[t.rank])
-    try:
-        mine = len(os.sched_getaffinity(0))
-    except AttributeError:          # (no affinity on this platform: every core)
-        mine = os.cpu_count() or 1
-    return mine >= 2 and (os.cpu_count() or 1) >= 2 * here
+    return _hides(group(comm))
+
+
+def _hides(t: Any) -> bool:
+    """`overlaps` on transport `t` (asked once, kept on it)."""
+    if t.hides is None:
+        nodes = t.nodes
+        here = nodes.count(nodes[t.rank])
+        try:
+            mine = len(os.sched_getaffinity(0))
+        except AttributeError:          # (no affinity on this platform: every core)
+            mine = os.cpu_count() or 1
+        t.hides = len(set(nodes)) > 1 or mine >= 2 and (os.cpu_count() or 1) >= 2 * here
+    return t.hides
 
 
 def algorithms(collective: str, comm: Any = None) -> list[str]:
@@ -334,7 +338,7 @@ def execute(spec: Any, comm: Any, algorithm: Any, args: dict, key: tuple | None 
 
 
 def request(spec: Any, comm: Any, algorithm: Any, args: dict, persistent: bool = False,
-            on_done: Callable | None = None, margin: float | None = None) -> Any:
+            on_done: Callable | None = None, margins: Any = None) -> Any:
     """Begin one public collective as a request (`ringmpi.requests.Request`), or bind it as
     a persistent one (`Persistent`, started by the caller). Validated, agreed
     (RINGMPI_CHECK) and resolved as a blocking call is, at this call: errors are raised here,
@@ -344,8 +348,9 @@ def request(spec: Any, comm: Any, algorithm: Any, args: dict, persistent: bool =
     `on_done(request)` runs when a call completes, on whichever thread completed it (the
     drop-in completes MPI generalized requests so); such requests go to the progress
     thread whatever RINGMPI_PROGRESS says, since MPI's own waits cannot advance them.
-    `margin`: how much faster than ringmpi's best MPI's own nonblocking collective must be
-    for `auto` to run it (`auto.choose_request`; None: REQUEST_MARGIN)."""
+    `margins` (`auto.Margins`): how much faster than ringmpi's best MPI's own nonblocking
+    collective must be for `auto` to run it; None: REQUEST_MARGIN where a request can hide
+    anything (`overlaps`), else the fastest measured (nothing runs beside it anyway)."""
     t, e = _edge(f"{spec.name}_init" if persistent else f"i{spec.name}", comm)
     try:
         st = settings()
@@ -372,7 +377,10 @@ def request(spec: Any, comm: Any, algorithm: Any, args: dict, persistent: bool =
         finally:
             t.end()
     _auto.profile_of(t)   # (collective at its first use: read now, while every rank is here)
-    bound = _bind(e, spec, algorithm, call, result, on_done, st, margin)
+    hides = _hides(t)
+    if margins is None:
+        margins = _auto.Margins() if hides else _auto.Margins(measured=1.0)
+    bound = _bind(e, spec, algorithm, call, result, on_done, st, margins, hides)
     if persistent:
         return bound.persistent(bound.native and on_done is None)
     kept = bound.persistent(False)
@@ -417,11 +425,11 @@ class _Bound:
     hands them to its request at the start, which lets go of them when complete, so that
     the memo keeping it for the next call on the same arrays (`restart_same`) keeps no user
     array alive."""
-    __slots__ = ("t", "view", "dev", "alg", "call", "result", "name", "on_done", "thread", "native", "params",
+    __slots__ = ("t", "view", "dev", "alg", "call", "result", "name", "on_done", "thread", "native", "lean", "params",
                  "shape", "launched", "stripped", "canonical", "arena", "large")
 
     def __init__(self, t: Any, view: Any, dev: Any, alg: Any, call: Call, result: Any, on_done: Any,
-                 thread: bool) -> None:
+                 thread: bool, hides: bool) -> None:
         self.t, self.view, self.dev, self.alg, self.call, self.result = t, view, dev, alg, call, result
         self.name, self.on_done, self.params = view.label, on_done, call.params
         # (the memo compares the given tunables: the shape leaves them out, `params` has them tuned)
@@ -433,6 +441,9 @@ class _Bound:
         # MAX/MIN) runs its first step at the start, on the caller's thread, so that it
         # posts it in the order of the starts
         self.thread = thread and (self.native or alg.cost is not None)
+        # MPI's own where nothing can run beside it (`overlaps`): its own request, tested and
+        # waited for in MPI, without the engine (`requests.Native`: a fifth of the cost)
+        self.lean = self.native and on_done is None and not hides
         self.arena = alg.scratch(t.size, call) if dev is None else 0   # (shared memory: `RequestView.take_shared`)
         self.large = call.count * call.itemsize >= requests.WAKE_BYTES
         self.launched = False      # (a start after the first takes the next sequence number and tag)
@@ -461,6 +472,12 @@ class _Bound:
             self.call = self.result = self.on_done = None
         if self.native:
             view.post(call)
+            if self.lean:
+                (inner,), view.pending = view.pending, []
+                if view.pool is not None:
+                    view.close()   # (its first call's scratch, back to the communicator: MPI's own takes none)
+                return requests.Native(self.name, view.seq, self.t, inner,
+                                       functools.partial(self.finish, view, call, result))
             body = functools.partial(self.finish, view, call, result)
         else:
             if self.arena:
@@ -485,23 +502,23 @@ class _Bound:
 
 
 def _bind(e: Edge, spec: Any, algorithm: str, call: Call, result: Any, on_done: Any, st: Any,
-          margin: float | None = None) -> _Bound:
+          margins: Any, hides: bool) -> _Bound:
     """The request's transport and its resolved algorithm (kept per call shape on the
     communicator's transport: what a call resolves to depends on nothing but the key)."""
     t = e.t
     view = t.request_view(label(spec, algorithm, call))
     dev = _device(e, call, view) if not isinstance(call.send, np.ndarray) else None
     key = (spec, algorithm, call.count, call.dtype, call.op, call.root, call.counts, call.params, call.inplace,
-           dev is None, margin, st.generation, CACHE.generation)
+           dev is None, margins, st.generation, CACHE.generation)
     known = t.request_plans.get(key)
     if known is None:
-        alg, resolved = _resolve_request(e, spec, algorithm, call, view if dev is None else dev, margin)
+        alg, resolved = _resolve_request(e, spec, algorithm, call, view if dev is None else dev, margins)
         known = t.request_plans.put(key, (alg, resolved.params, label(spec, alg.name, resolved)))
     alg, params, name = known
     view.relabel(name)
     thread = (st.progress == "thread" or on_done is not None) and t.wire
     return _Bound(t, view, dev, alg, call._replace(params=params) if params != call.params else call, result, on_done,
-                  thread)
+                  thread, hides)
 
 
 def _one_library_call(t: Any, spec: Any, alg: Any, call: Call) -> bool:
@@ -520,13 +537,12 @@ def _library_takes(call: Call) -> bool:
     return not (call.op in ("MAX", "MIN") and call.dtype.kind == "f") and not is_half(call.dtype)
 
 
-def _resolve_request(e: Edge, spec: Any, algorithm: str, call: Call, on: Any,
-                     margin: float | None = None) -> tuple[Any, Call]:
+def _resolve_request(e: Edge, spec: Any, algorithm: str, call: Call, on: Any, margins: Any) -> tuple[Any, Call]:
     """`_resolve` for a request running on transport `on` (its view, or the view's device
     transport): auto among the algorithms that can run as requests, not timed."""
     if algorithm == "auto":
         try:
-            choice = _auto.choose_request(on, e.t, call, margin)
+            choice = _auto.choose_request(on, e.t, call, margins)
         except ValueError as err:
             e.fail(str(err))
         algorithm = choice["algorithm"]

@@ -35,7 +35,7 @@ import os
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 from . import schedules as _alg
 from .call import Call
@@ -204,16 +204,34 @@ def choose(t: Any, call: Call) -> dict:
     return choice
 
 
-def choose_request(view: Any, g: Any, call: Call, margin: float | None = None) -> dict:
+#: a request runs MPI's own nonblocking collective (MPI_Iallreduce ...) only where it is
+#: predicted this much faster than ringmpi's best: its predictions are of MPI's blocking
+#: collective, and the nonblocking one is another implementation, which need not advance
+#: while the caller computes (Open MPI's libnbc hid none of a 16 MiB all-reduce over
+#: TCP, the ring four fifths: benchmarks/README.md); where latency rules, MPI's own wins
+REQUEST_MARGIN = 2.0
+
+
+class Margins(NamedTuple):
+    """How much faster than ringmpi's best MPI's own nonblocking collective must be for a
+    request to run it, as the model predicts it (`predicted`) and as blocking calls measured
+    it (`measured`, online tuning). `api.request` passes REQUEST_MARGIN for both where a
+    request can hide anything (`api.overlaps`), and measured 1 where nothing runs beside it
+    (the fastest measured; the model's MPI's own is no measurement, and on one host it
+    predicts MPI's own where a shared-memory algorithm is twice as fast); the drop-in 1 for
+    both (`comm.AS_ASKED`: its caller asked for MPI's own)."""
+    predicted: float = REQUEST_MARGIN
+    measured: float = REQUEST_MARGIN
+
+
+def choose_request(view: Any, g: Any, call: Call, margins: Margins = Margins()) -> dict:
     """What `auto` runs for a request (`ringmpi.requests`; `view` its transport): the
     algorithm online tuning settled on for blocking calls of the same bucket when it can
     run as a request, else the lowest predicted time among those that can (`g`: the
     communicator's transport, which keeps the choices). Requests are not
     timed for the tuner: what a request's time includes (the caller's computation, other
-    requests) is not the algorithm's. `margin`: how much faster than ringmpi's best MPI's own
-    nonblocking collective must be to run (None: REQUEST_MARGIN; the drop-in passes 1: its
-    caller asked for MPI's own, which it runs unless ringmpi's is faster)."""
-    margin = REQUEST_MARGIN if margin is None else margin
+    requests) is not the algorithm's. `margins`: how much faster than ringmpi's best MPI's
+    own nonblocking collective must be to run."""
     st = settings()
     collective = call.collective.name
     forced = st.forced(collective)
@@ -222,24 +240,24 @@ def choose_request(view: Any, g: Any, call: Call, margin: float | None = None) -
         return {"algorithm": forced, "why": "forced by RINGMPI_ALGO", "collective": collective}
     tuner = g.tuners.get(_bucket(view, call)) if st.tune else None
     if tuner is not None and tuner.winner is not None:
-        name = _request_winner(tuner, view, call, margin)
+        name = _request_winner(tuner, view, call, margins.measured)
         if name is not None:
             choice = tuner.choice(name)
             del choice["tuner"]
             if name != tuner.winner:
                 choice["why"] = (f"online tuning: the fastest of ringmpi's measured (MPI's own, {tuner.winner}, "
-                                 f"as a nonblocking collective only where {margin:g}x faster)")
+                                 f"as a nonblocking collective only where {margins.measured:g}x faster)")
             return choice
-    ckey = (collective, call.count, call.itemsize, call.params, st.generation, view.on_device, margin)
+    ckey = (collective, call.count, call.itemsize, call.params, st.generation, view.on_device, margins.predicted)
     choice = g.request_choices.get(ckey)
     if choice is None:
         native_ok = g.native_serves(call)
         choice = _predicted_choice(view, call, profile_of(g), native_ok)
         preds = choice["predicted_s"]
         ours = {a: s for a, s in preds.items() if a != "mpi"}
-        if choice["algorithm"] == "mpi" and ours and margin * preds["mpi"] > min(ours.values()):
+        if choice["algorithm"] == "mpi" and ours and margins.predicted * preds["mpi"] > min(ours.values()):
             choice["algorithm"] = min(ours, key=ours.get)
-            choice["why"] += f"; MPI's own nonblocking collective only where {margin:g}x faster"
+            choice["why"] += f"; MPI's own nonblocking collective only where {margins.predicted:g}x faster"
         choice.update(collective=collective, bytes=call.count * call.itemsize)
         g.request_choices.put(ckey, choice)
     return choice
@@ -262,14 +280,6 @@ def _request_winner(tuner: "Tuner", view: Any, call: Call, margin: float) -> str
                                  margin * tuned["mpi"] <= tuned[best]):
         return tuner.winner
     return best if best is not None else "mpi"
-
-
-#: a request runs MPI's own nonblocking collective (MPI_Iallreduce ...) only where it is
-#: predicted this much faster than ringmpi's best: its predictions are of MPI's blocking
-#: collective, and the nonblocking one is another implementation, which need not advance
-#: while the caller computes (Open MPI's libnbc hid none of a 16 MiB all-reduce over
-#: TCP, the ring four fifths: benchmarks/README.md); where latency rules, MPI's own wins
-REQUEST_MARGIN = 2.0
 
 
 def _but_the_slowest(seconds: list[float]) -> float:

@@ -591,11 +591,11 @@ class RequestMemo:
     and the other arguments are held. Only where the call has a result buffer of its own (in
     place, or one given: a new result array each call cannot be kept) on host arrays, and
     the other arguments cannot change in place (strings, numbers, None, the communicator);
-    the 32 made last. `margin`: `api.request`'s, for the calls it begins (the drop-in's 1)."""
-    __slots__ = ("spec", "calls", "margin")
+    the 32 made last. `margins`: `api.request`'s, for the calls it begins (the drop-in's)."""
+    __slots__ = ("spec", "calls", "margins")
 
-    def __init__(self, spec: Collective, margin: float | None = None) -> None:
-        self.spec, self.margin = spec, margin
+    def __init__(self, spec: Collective, margins: Any = None) -> None:
+        self.spec, self.margins = spec, margins
         self.calls: LRU = LRU(32, refresh=False)   # (a loop over more buckets misses either way)
 
     @staticmethod
@@ -630,7 +630,7 @@ class RequestMemo:
         comm, algorithm = given.pop("comm"), given.pop("algorithm")
         out = restart(self.spec, kept[0], given, on_done) if kept is not None else None
         if out is None:
-            out = request(self.spec, comm, algorithm, given, on_done=on_done, margin=self.margin)
+            out = request(self.spec, comm, algorithm, given, on_done=on_done, margins=self.margins)
             self.keep(args, kwargs, given, comm, out.source)
         return out
 

@@ -49,6 +49,7 @@ from mpi4py.util import dtlib
 
 from . import collectives as _c
 from .api import CACHE, algorithms, group, request
+from .auto import Margins
 from .requests import ACTIVE, progress
 from .errors import RingmpiUsageError
 from .ops import SUPPORTED_DTYPES, check_op_dtype, is_half
@@ -1036,13 +1037,13 @@ def _nothing(*_: Any) -> None:
 
 
 #: the drop-in's requests run MPI's own nonblocking collective wherever the blocking calls'
-#: tuning (or the model) found MPI's own the fastest: `api.request`'s margin 1, where
-#: ringmpi's own `iallreduce` and the like ask REQUEST_MARGIN and run an algorithm of theirs
-#: that advances while its caller computes. The drop-in's caller asked for MPI's own call,
+#: tuning (or the model) found MPI's own the fastest (`auto.Margins` of 1), where ringmpi's
+#: own `iallreduce` and the like run an algorithm of theirs that advances while its caller
+#: computes unless MPI's own is REQUEST_MARGIN faster. The drop-in's caller asked for MPI's own call,
 #: and a program switched to the drop-in must not get slower: at 64 KiB-1 MiB ringmpi's
 #: requests cost 2-4x MPI's own with nothing to overlap (benchmarks/README.md, "The
 #: drop-in's requests as asked").
-AS_ASKED = 1.0
+AS_ASKED = Margins(1.0, 1.0)
 
 
 class _Request(MPI.Grequest):
@@ -1110,7 +1111,7 @@ class _Persistent(MPI.Prequest):
     def make(cls, comm: "Comm", served: _Served, algorithm: str) -> "_Persistent":
         req = cls()
         req._ring = request(_c.SPECS[served.collective], comm, algorithm, served.args, persistent=True,
-                            margin=AS_ASKED)
+                            margins=AS_ASKED)
         req._then = served.then
         return req
 

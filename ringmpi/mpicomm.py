@@ -231,16 +231,9 @@ class _Wire(CountedMemory, PrivateMemory, ReceiveThenReduce):
     def library(self, function: str, *args: Any) -> None:
         """Call communicator method `function` (e.g. "Allreduce") with ringmpi's arguments
         (arrays, IN_PLACE, op names), following ringmpi's rules for counts and NaN."""
-        op, arrays, given = None, [], []    # (one pass: a request's start at 8 B is mostly Python)
-        for a in args:
-            if isinstance(a, str):
-                op = op or a
-                given.append(_MPI_OPS[a])
-            elif isinstance(a, np.ndarray):
-                arrays.append(a)
-                given.append(wire(a))
-            else:
-                given.append(MPI.IN_PLACE if a is IN_PLACE else a)
+        given = _given(args)
+        op = next((a for a in args if isinstance(a, str)), None)
+        arrays = [a for a in args if isinstance(a, np.ndarray)]
         if op in ("MAX", "MIN") and arrays and arrays[-1].dtype.kind == "f":
             self._nan_propagating(function, args, op)
             return
@@ -306,6 +299,7 @@ class MPITransport(_Wire):
         self.choices = LRU(256)           # auto's decisions per call shape
         self.request_choices = LRU(256)   # the same for requests (the hierarchical ones run blocking only)
         self.request_plans = LRU(256)     # a request's call shape -> (algorithm, tunables, label)
+        self.hides: bool | None = None    # whether a request can hide anything here (`api.overlaps`), asked once
         self._spare_pools: list = []      # scratch of completed requests, for the next ones
         self.last_choice: dict | None = None
         self.freed = False
@@ -727,12 +721,19 @@ class RequestView(_Wire):
 
     def post(self, call: Any) -> None:
         """Post MPI's own nonblocking collective for `call` without suspending (a call that
-        is one library call: `api._one_library_call`); `pending` holds its request."""
+        is one library call: `api._one_library_call`, so none of `library`'s special cases
+        applies); `pending` holds its request."""
         self.posting = True
         try:
-            self.native(call)
+            _OWN[call.collective.name](self, call)
         finally:
             self.posting = False
+
+    def library(self, function: str, *args: Any) -> None:
+        if self.posting:   # (see `post`)
+            self.pending = [_NONBLOCKING[function](self.comm, *_given(args))]
+            return
+        super().library(function, *args)
 
     def bind(self, call: Any) -> Any:
         """MPI's own persistent collective for `call` (MPI-4: MPI_Allreduce_init, ...),
@@ -905,7 +906,13 @@ _ERROR_CLASSES = {getattr(MPI, n): f"MPI_{n}" for n in sorted(dir(MPI), reverse=
                   if n.startswith("ERR_") and isinstance(getattr(MPI, n), int) and n != "ERR_LASTCODE"}
 
 
-@functools.cache
+def _given(args: tuple) -> list:
+    """ringmpi's arguments of MPI's own collective as mpi4py takes them: an op name as
+    MPI's op, an array as MPI may be handed it (`wire`), IN_PLACE as MPI's."""
+    return [_MPI_OPS[a] if isinstance(a, str) else wire(a) if isinstance(a, np.ndarray) else
+            MPI.IN_PLACE if a is IN_PLACE else a for a in args]
+
+
 class _Nonblocking(dict):
     """A communicator method's nonblocking one ("Allreduce" -> MPI.Intracomm.Iallreduce),
     looked up once, not built at each request's start."""

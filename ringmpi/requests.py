@@ -49,7 +49,7 @@ from typing import Any, Callable
 
 from greenlet import GreenletExit, getcurrent, greenlet
 
-__all__ = ["Request", "Persistent", "waitall", "testall", "progress", "on_progress_thread", "yield_core", "engine",
+__all__ = ["Request", "Native", "Persistent", "waitall", "testall", "progress", "on_progress_thread", "yield_core", "engine",
            "Engine", "ACTIVE"]
 
 
@@ -198,6 +198,76 @@ class Persistent:
 
     def __repr__(self) -> str:
         return f"<ringmpi.Persistent {self.label} on rank {self.group.rank} of {self.group.size}>"
+
+
+class Native:
+    """A request that is one of MPI's own nonblocking collectives, where nothing can overlap
+    it anyway (`api._Bound.lean`: one host whose cores all compute): begun on the caller's
+    thread, tested and waited for in MPI (the stall inspector watching the wait), its
+    result then finished (`finish`: AVG's division). No body, greenlet or engine step, and
+    the progress thread never looks at it: MPI advances its own collective inside any MPI
+    call. `Request`'s interface; never waited for, it is named as theirs are."""
+    __slots__ = ("label", "seq", "group", "inner", "finish", "done", "waited", "result", "error", "source")
+
+    def __init__(self, label: str, seq: int, group: Any, inner: Any, finish: Callable[[], Any]) -> None:
+        self.label, self.seq, self.group, self.inner, self.finish = label, seq, group, inner, finish
+        self.done = self.waited = False
+        self.result = self.error = self.source = None
+        engine().unwaited[self] = None   # (one dict store, atomic: `Engine.forgotten` copies it under the lock)
+
+    def test(self) -> bool:
+        if not self.done:
+            try:
+                if not self.inner.Test():
+                    return False
+            except BaseException as err:   # noqa: BLE001 (MPI's error: raised by _collect, as a call's)
+                self._failed(err)
+            else:
+                self._finish()
+        self._collect()
+        return True
+
+    def wait(self) -> Any:
+        if not self.done:
+            g = self.group
+            before = g.waiting(self.label, self.seq)
+            try:
+                self.inner.Wait()
+            except BaseException as err:   # noqa: BLE001
+                self._failed(err)
+            else:
+                self._finish()
+            finally:
+                g.waited(before)
+        return self._collect()
+
+    def _finish(self) -> None:
+        self.done = True
+        try:
+            self.result = self.finish()
+        except BaseException as err:   # noqa: BLE001
+            self.error = err
+        self.finish = None
+
+    def _failed(self, err: BaseException) -> None:
+        self.done, self.finish = True, None
+        self.error = self.group.failed(err, self.label, self.seq)
+
+    def _collect(self) -> Any:
+        if not self.waited:
+            self.waited = True
+            engine().unwaited.pop(self, None)
+        source = self.source
+        if source is not None and source.transient and source.request is self:
+            source.request = None
+        if self.error is not None:
+            err, self.error = self.error, None
+            raise err
+        return self.result
+
+    def __repr__(self) -> str:
+        state = "complete" if self.done else "in flight"
+        return f"<ringmpi.Request {self.label}, call {self.seq} on rank {self.group.rank} of {self.group.size}: {state}>"
 
 
 def waitall(requests: Any) -> list:

@@ -276,7 +276,7 @@ def test_a_request_runs_mpi_s_own_only_where_measured_far_faster():
         got = auto.choose_request(view, t, call)
         assert got["algorithm"] == want, (mpi, ours, got)
         assert ("ringmpi's measured" in got["why"]) == (tuner.winner != want)
-        asked = auto.choose_request(view, t, call, 1.0)
+        asked = auto.choose_request(view, t, call, auto.Margins(1.0, 1.0))
         assert asked["algorithm"] == tuner.winner == ("mpi" if mpi < ours else "recursive_doubling"), (mpi, ours, asked)
 
 
