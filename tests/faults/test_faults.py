@@ -605,10 +605,10 @@ def test_threads_setting_up_communicators_at_once_never_freeze(tmp_path, n):
 
 REQUEST_SKIPPED = """
 x = np.ones(1 << 12)
-q = ringmpi.iallreduce(x, algorithm="ring")
+q = ringmpi.iallreduce(x, algorithm="ALGORITHM")
 say("started", q.wait()[0])
 if r != 1:
-    q = ringmpi.iallreduce(x, algorithm="ring")
+    q = ringmpi.iallreduce(x, algorithm="ALGORITHM")
     time.sleep(0.5)            # computing; then the wait, which rank 1 can never end
     q.wait()
 else:
@@ -617,13 +617,16 @@ say("done")
 """
 
 
-def test_a_request_a_rank_never_started_ends_at_the_deadline_naming_it(tmp_path):
+@pytest.mark.parametrize("algorithm", ["ring", "mpi"])
+def test_a_request_a_rank_never_started_ends_at_the_deadline_naming_it(tmp_path, algorithm):
     """The stall watch follows the request waited for: the deadline names the rank that has
-    not arrived, while it lives (asked where it is)."""
-    rc, out, secs = job(tmp_path, REQUEST_SKIPPED, env={"RINGMPI_STALL_ABORT": "5"})
+    not arrived, while it lives (asked where it is); MPI's own as its own request
+    (`requests.Native`, on a host whose cores all compute) too."""
+    rc, out, secs = job(tmp_path, REQUEST_SKIPPED.replace("ALGORITHM", algorithm), env={"RINGMPI_STALL_ABORT": "5"})
     assert rc not in (0, 124) and secs < 20, (rc, secs, out)
     assert "aborting the job (RINGMPI_STALL_ABORT=5)" in out, out
-    assert re.search(r"rank [02] of 3 has waited \d+ s in allreduce/ring \(ranks \[1\] have not arrived\)", out), out
+    assert re.search(rf"rank [02] of 3 has waited \d+ s in allreduce/{algorithm} \(ranks \[1\] have not arrived\)",
+                     out), out
 
 
 DROP_IN_REQUEST_SKIPPED = """
