@@ -53,8 +53,28 @@ __all__ = ["Request", "Native", "Persistent", "waitall", "testall", "progress", 
            "Engine", "ACTIVE"]
 
 
-@dataclass(eq=False, slots=True)
-class Request:
+class _Handed:
+    """What a request's caller gets at its completion (`Request`, `Native`): the call's
+    result, or its error raised; and a nonblocking call's kept persistent request
+    (`collectives._as_request`) lets go of it."""
+    __slots__ = ()
+
+    def _hand_over(self) -> Any:
+        source = self.source
+        if source is not None and source.transient and source.request is self:
+            source.request = None
+        if self.error is not None:
+            err, self.error = self.error, None
+            raise err
+        return self.result
+
+    def __repr__(self) -> str:
+        state = "complete" if self.done else "in flight"
+        return f"<ringmpi.Request {self.label}, call {self.seq} on rank {self.group.rank} of {self.group.size}: {state}>"
+
+
+@dataclass(eq=False, slots=True, repr=False)
+class Request(_Handed):
     """One collective call in flight (or completed, until waited for).
 
     `test()` advances it and says whether it is complete; `wait()` returns the call's result
@@ -104,17 +124,7 @@ class Request:
                 eng = engine()
                 if not self.waiter or self in eng.unwaited:   # (completed by another thread before its waiter came)
                     eng.collected(self)
-        source = self.source
-        if source is not None and source.transient and source.request is self:
-            source.request = None
-        if self.error is not None:
-            err, self.error = self.error, None
-            raise err
-        return self.result
-
-    def __repr__(self) -> str:
-        state = "complete" if self.done else "in flight"
-        return f"<ringmpi.Request {self.label}, call {self.seq} on rank {self.group.rank} of {self.group.size}: {state}>"
+        return self._hand_over()
 
 
 @dataclass(eq=False)
@@ -200,7 +210,7 @@ class Persistent:
         return f"<ringmpi.Persistent {self.label} on rank {self.group.rank} of {self.group.size}>"
 
 
-class Native:
+class Native(_Handed):
     """A request that is one of MPI's own nonblocking collectives, where nothing can overlap
     it anyway (`api._Bound.lean`: one host whose cores all compute): begun on the caller's
     thread, tested and waited for in MPI (the stall inspector watching the wait), its
@@ -257,17 +267,7 @@ class Native:
         if not self.waited:
             self.waited = True
             engine().unwaited.pop(self, None)
-        source = self.source
-        if source is not None and source.transient and source.request is self:
-            source.request = None
-        if self.error is not None:
-            err, self.error = self.error, None
-            raise err
-        return self.result
-
-    def __repr__(self) -> str:
-        state = "complete" if self.done else "in flight"
-        return f"<ringmpi.Request {self.label}, call {self.seq} on rank {self.group.rank} of {self.group.size}: {state}>"
+        return self._hand_over()
 
 
 def waitall(requests: Any) -> list:
