@@ -230,8 +230,8 @@ class Native(_Handed):
             try:
                 if not self.inner.Test():
                     return False
-            except BaseException as err:   # noqa: BLE001 (MPI's error: raised by _collect, as a call's)
-                self._failed(err)
+            except Exception as err:   # noqa: BLE001 (MPI's error: raised by _collect, as a call's; an
+                self._failed(err)      # interrupt leaves the request in flight)
             else:
                 self._finish()
         self._collect()
@@ -243,7 +243,7 @@ class Native(_Handed):
             before = g.waiting(self.label, self.seq)
             try:
                 self.inner.Wait()
-            except BaseException as err:   # noqa: BLE001
+            except Exception as err:   # noqa: BLE001
                 self._failed(err)
             else:
                 self._finish()
@@ -255,7 +255,7 @@ class Native(_Handed):
         self.done = True
         try:
             self.result = self.finish()
-        except BaseException as err:   # noqa: BLE001
+        except Exception as err:   # noqa: BLE001
             self.error = err
         self.finish = None
 
