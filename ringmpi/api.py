@@ -442,7 +442,8 @@ class _Bound:
         # posts it in the order of the starts
         self.thread = thread and (self.native or alg.cost is not None)
         # MPI's own where nothing can run beside it (`overlaps`): its own request, tested and
-        # waited for in MPI, without the engine (`requests.Native`: a fifth of the cost)
+        # waited for in MPI, without the engine (`requests.Native`; benchmarks/README.md, "What a
+        # request of ringmpi's own API costs with nothing to overlap")
         self.lean = self.native and on_done is None and not hides
         self.arena = alg.scratch(t.size, call) if dev is None else 0   # (shared memory: `RequestView.take_shared`)
         self.large = call.count * call.itemsize >= requests.WAKE_BYTES

@@ -218,7 +218,7 @@ class Margins(NamedTuple):
     it (`measured`, online tuning). `api.request` passes REQUEST_MARGIN for both where a
     request can hide anything (`api.overlaps`), and measured 1 where nothing runs beside it
     (the fastest measured; the model's MPI's own is no measurement, and on one host it
-    predicts MPI's own where a shared-memory algorithm is twice as fast); the drop-in 1 for
+    predicts MPI's own where a shared-memory algorithm is faster); the drop-in 1 for
     both (`comm.AS_ASKED`: its caller asked for MPI's own)."""
     predicted: float = REQUEST_MARGIN
     measured: float = REQUEST_MARGIN

@@ -1039,10 +1039,9 @@ def _nothing(*_: Any) -> None:
 #: the drop-in's requests run MPI's own nonblocking collective wherever the blocking calls'
 #: tuning (or the model) found MPI's own the fastest (`auto.Margins` of 1), where ringmpi's
 #: own `iallreduce` and the like run an algorithm of theirs that advances while its caller
-#: computes unless MPI's own is REQUEST_MARGIN faster. The drop-in's caller asked for MPI's own call,
-#: and a program switched to the drop-in must not get slower: at 64 KiB-1 MiB ringmpi's
-#: requests cost 2-4x MPI's own with nothing to overlap (benchmarks/README.md, "The
-#: drop-in's requests as asked").
+#: computes unless MPI's own is REQUEST_MARGIN faster. The drop-in's caller asked for MPI's
+#: own call, and a program switched to the drop-in must not get slower (benchmarks/README.md,
+#: "The drop-in's requests as asked").
 AS_ASKED = Margins(1.0, 1.0)
 
 
