@@ -725,13 +725,13 @@ class RequestView(_Wire):
         applies); `pending` holds its request."""
         self.posting = True
         try:
-            _OWN[call.collective.name](self, call)
+            self.native(call)
         finally:
             self.posting = False
 
     def library(self, function: str, *args: Any) -> None:
         if self.posting:   # (see `post`)
-            self.pending = [_NONBLOCKING[function](self.comm, *_given(args))]
+            self._invoke(function, _given(args))
             return
         super().library(function, *args)
 

@@ -33,28 +33,31 @@ time = converter(parse_time, "time")
 rate = converter(parse_rate, "rate")
 
 
-def _bounded(kind: type, positive: bool) -> Callable[[str], Any]:
-    """A number of `kind` above 0 (`positive`) or at least 0, as an argparse type."""
-    need = "must be above 0" if positive else f"expected a non-negative {'integer' if kind is int else 'number'}"
+def _count(text: str) -> int:
+    """A non-negative integer (ranks, nodes, jobs)."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if v < 0:
+        raise ValueError(f"expected a non-negative integer, got {text!r}")
+    return v
 
+
+count = converter(_count, "non-negative integer")
+
+
+def positive(kind: type) -> Callable[[str], Any]:
+    """A number of `kind` (int, float) above 0: steps, samples, rates."""
     def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
             raise ValueError(f"{text!r}: expected a number") from None
-        if not (value > 0 if positive else value >= 0):
-            raise ValueError(f"{need}, got {text!r}")
+        if not value > 0:
+            raise ValueError(f"{text!r}: must be above 0")
         return value
-    return converter(parse, f"{'positive' if positive else 'non-negative'} {kind.__name__}")
-
-
-#: a non-negative integer (ranks, nodes, jobs)
-count = _bounded(int, False)
-
-
-def positive(kind: type) -> Callable[[str], Any]:
-    """A number of `kind` (int, float) above 0: steps, samples, rates."""
-    return _bounded(kind, True)
+    return converter(parse, f"positive {kind.__name__}")
 
 
 def int_list(text: str) -> list[int]:
