@@ -154,7 +154,10 @@ class Persistent:
             g = self.group
             g.seq += 1
             self.seq = g.seq
-            self.native.Start()
+            try:
+                self.native.Start()
+            except Exception as err:   # noqa: BLE001 (MPI's error: the other ranks are told)
+                raise _told(g, err, self.label, self.seq)
             self.active = True
             return self
         if self.freed:
@@ -167,7 +170,13 @@ class Persistent:
 
     def test(self) -> bool:
         if self.native is not None:
-            return not self.active or self.native.Test() and self._done()
+            if not self.active:
+                return True
+            try:
+                return self.native.Test() and self._done()
+            except Exception as err:   # noqa: BLE001
+                self.active = False
+                raise _told(self.group, err, self.label, self.seq)
         return self.request is None or self.request.test()
 
     def wait(self) -> Any:
@@ -177,6 +186,9 @@ class Persistent:
                 before = self.group.waiting(self.label, self.seq)
                 try:
                     self.native.Wait()
+                except Exception as err:   # noqa: BLE001 (an interrupt leaves the call in flight)
+                    self.active = False
+                    raise _told(self.group, err, self.label, self.seq)
                 finally:
                     self.group.waited(before)
                 return self._done()
@@ -208,6 +220,16 @@ class Persistent:
 
     def __repr__(self) -> str:
         return f"<ringmpi.Persistent {self.label} on rank {self.group.rank} of {self.group.size}>"
+
+
+def _told(group: Any, err: BaseException, label: str, seq: int) -> BaseException:
+    """MPI failed call `seq` on this rank: the other ranks, who may wait for this one inside
+    it, are told (`group.failed`: they abort if still there a few seconds later); what to
+    raise: ringmpi's error, caused by MPI's."""
+    raised = group.failed(err, label, seq)
+    if raised is not err:
+        raised.__cause__ = err
+    return raised
 
 
 class Native(_Handed):
@@ -261,7 +283,7 @@ class Native(_Handed):
 
     def _failed(self, err: BaseException) -> None:
         self.done, self.finish = True, None
-        self.error = self.group.failed(err, self.label, self.seq)
+        self.error = _told(self.group, err, self.label, self.seq)
 
     def _collect(self) -> Any:
         if not self.waited:

@@ -509,6 +509,9 @@ calls = {
     "collective": lambda: ringmpi.allreduce(x, algorithm="ring") if r == 0 else ringmpi.broadcast(x, algorithm="pipeline"),
     "algorithm": lambda: ringmpi.allreduce(x, algorithm="ring" if r == 0 else "tree"),
     "root": lambda: ringmpi.broadcast(x, root=r % 2, algorithm="pipeline"),
+    "request": lambda: ringmpi.iallreduce(np.ones(10 if r == 0 else 12), algorithm="mpi").wait(),
+    "persistent": lambda: ringmpi.allreduce_init(np.ones(10 if r == 0 else 12), np.empty(10 if r == 0 else 12),
+                                                 algorithm="mpi").start().wait(),
 }
 try:
     out = calls[case]()
@@ -527,6 +530,11 @@ except Exception as e:
     ("algorithm", r"(?s)(?=.*allreduce/ring)(?=.*allreduce/tree).*at that call: the ranks called different "
                   r"collectives or algorithms"),
     ("root", r"in broadcast/pipeline, root 0 \(call 1 on this communicator\), and every other rank has finished"),
+    # MPI's own as a request and as a persistent request: its error told as a blocking call's
+    ("request", r"rank \d failed in this call \(RingmpiError: ringmpi\.allreduce \(rank \d of 3\): allreduce/mpi "
+                r"failed in MPI"),
+    ("persistent", r"rank \d failed in this call \(RingmpiError: ringmpi\.allreduce \(rank \d of 3\): "
+                   r"allreduce/mpi failed in MPI"),
 ])
 def test_a_mismatch_without_the_check_ends_the_job_naming_it(tmp_path, case, named):
     """One rank's call differs, with the default settings (no check, no stall limit set):
