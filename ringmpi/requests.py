@@ -45,7 +45,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from greenlet import GreenletExit, getcurrent, greenlet
 
@@ -157,7 +157,7 @@ class Persistent:
             try:
                 self.native.Start()
             except Exception as err:   # noqa: BLE001 (MPI's error: the other ranks are told)
-                raise _told(g, err, self.label, self.seq)
+                _raise_failed(g, err, self.label, self.seq)
             self.active = True
             return self
         if self.freed:
@@ -176,7 +176,7 @@ class Persistent:
                 return self.native.Test() and self._done()
             except Exception as err:   # noqa: BLE001
                 self.active = False
-                raise _told(self.group, err, self.label, self.seq)
+                _raise_failed(self.group, err, self.label, self.seq)
         return self.request is None or self.request.test()
 
     def wait(self) -> Any:
@@ -188,7 +188,7 @@ class Persistent:
                     self.native.Wait()
                 except Exception as err:   # noqa: BLE001 (an interrupt leaves the call in flight)
                     self.active = False
-                    raise _told(self.group, err, self.label, self.seq)
+                    _raise_failed(self.group, err, self.label, self.seq)
                 finally:
                     self.group.waited(before)
                 return self._done()
@@ -222,14 +222,14 @@ class Persistent:
         return f"<ringmpi.Persistent {self.label} on rank {self.group.rank} of {self.group.size}>"
 
 
-def _told(group: Any, err: BaseException, label: str, seq: int) -> BaseException:
+def _raise_failed(group: Any, err: BaseException, label: str, seq: int) -> NoReturn:
     """MPI failed call `seq` on this rank: the other ranks, who may wait for this one inside
-    it, are told (`group.failed`: they abort if still there a few seconds later); what to
-    raise: ringmpi's error, caused by MPI's."""
+    it, are told (`group.failed`: they abort if still there a few seconds later); raises
+    ringmpi's error, caused by MPI's."""
     raised = group.failed(err, label, seq)
-    if raised is not err:
-        raised.__cause__ = err
-    return raised
+    if raised is err:
+        raise err
+    raise raised from err
 
 
 class Native(_Handed):
@@ -283,7 +283,7 @@ class Native(_Handed):
 
     def _failed(self, err: BaseException) -> None:
         self.done, self.finish = True, None
-        self.error = _told(self.group, err, self.label, self.seq)
+        self.error = self.group.failed(err, self.label, self.seq)
 
     def _collect(self) -> Any:
         if not self.waited:
