@@ -15,7 +15,8 @@ The overridden calls are Allreduce, Reduce, Bcast, Allgather, Allgatherv (contig
 displacements), Alltoall, Reduce_scatter_block and Reduce_scatter; the nonblocking
 Iallreduce, Ireduce, Ibcast, Iallgather, Ialltoall, Ireduce_scatter_block (`_Request`) and
 the persistent Allreduce_init, Reduce_init, Bcast_init, Allgather_init, Alltoall_init,
-Reduce_scatter_block_init (`_Persistent`) run as ringmpi's requests. Each parses its buffer
+Reduce_scatter_block_init (`_Persistent`; `_NativePersistent`, MPI's own persistent request,
+where that serves them) run as ringmpi's requests. Each parses its buffer
 specifications as mpi4py does (`buf`, `[buf, type]`, `[buf, count, type]`,
 `[buf, (count, displ), type]`, `[buf, count, displ, type]`, `MPI.IN_PLACE` or None) into
 numpy views of the same memory, and runs ringmpi's collective on them. A call ringmpi cannot
@@ -381,7 +382,7 @@ class _NativeRequest(MPI.Request):
     `MPI.Request.Waitall` and the like take it beside any other and complete it themselves.
     Its own `Wait` tells the stall watch which call the caller waits for, as a ringmpi
     request's wait does; it is not reported when never waited for, as mpi4py's are not."""
-    __slots__ = ("kept", "seq")   # (the `_Kept` that began it, and the call's sequence number)
+    __slots__ = ("kept", "seq")   # (what began it, a `_Kept`, and the call's sequence number)
 
     def Wait(self, status: Any = None) -> Literal[True]:
         t, label = self.kept.transport, self.kept.label
@@ -1098,20 +1099,22 @@ class _Request(MPI.Grequest):
 
 
 class _Persistent(MPI.Prequest):
-    """What the drop-in's persistent calls (`Allreduce_init`, ...) return: a ringmpi
-    persistent request behind mpi4py's `Prequest` methods (`Start`, `Wait`, `Test`,
-    `Free`). MPI has no persistent generalized request, so MPI's class-level calls
-    (`MPI.Prequest.Startall`, `MPI.Request.Waitall`) see a null request here: use the
-    methods."""
+    """What the drop-in's persistent calls (`Allreduce_init`, ...) return where ringmpi's
+    algorithm serves them: a ringmpi persistent request behind mpi4py's `Prequest` methods
+    (`Start`, `Wait`, `Test`, `Free`). MPI has no persistent generalized request, so MPI's
+    class-level calls (`MPI.Prequest.Startall`, `MPI.Request.Waitall`) see a null request
+    here: use the methods. Where MPI's own persistent collective serves the call, `make`
+    returns that MPI request itself (`_NativePersistent`), which they take as any."""
     _ring: Any = None
     _then: Any = None
 
     @classmethod
-    def make(cls, comm: "Comm", served: _Served, algorithm: str) -> "_Persistent":
+    def make(cls, comm: "Comm", served: _Served, algorithm: str) -> "MPI.Prequest":
+        ring = request(_c.SPECS[served.collective], comm, algorithm, served.args, persistent=True, margins=AS_ASKED)
+        if ring.native is not None and served.then is None:
+            return _NativePersistent.of(ring)
         req = cls()
-        req._ring = request(_c.SPECS[served.collective], comm, algorithm, served.args, persistent=True,
-                            margins=AS_ASKED)
-        req._then = served.then
+        req._ring, req._then = ring, served.then
         return req
 
     def Start(self) -> None:
@@ -1128,6 +1131,45 @@ class _Persistent(MPI.Prequest):
 
     def Free(self) -> None:
         self._ring.free()
+
+
+class _NativePersistent(_NativeRequest, MPI.Prequest):
+    """What a drop-in persistent call returns where MPI's own persistent collective serves
+    it (`requests.Persistent.native`; the drop-in's op is never AVG, so nothing follows its
+    completion): that MPI request itself, so that `MPI.Prequest.Startall`,
+    `MPI.Request.Waitall` and the like take it as they take any of mpi4py's (a ringmpi
+    persistent request behind it would be a null request to them: `_Persistent`). Its
+    `Start` takes the call's sequence number, as the ringmpi request's start did; `Wait` and
+    `Test` are `_NativeRequest`'s."""
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, ring: Any) -> "_NativePersistent":
+        req = cls(ring.native)
+        # (the handle is this object's now, its Free frees it; ringmpi's request, whose call
+        # holds the arrays MPI was given, is kept with it: mpi4py's request does not hold them)
+        req.kept = _Named(ring.group, ring.label, ring)
+        ring.native, ring.freed = None, True
+        return req
+
+    def Start(self) -> None:
+        t = self.kept.transport
+        if ACTIVE:
+            progress()
+        t.seq += 1
+        self.seq = t.seq
+        try:
+            MPI.Prequest.Start(self)
+        except MPI.Exception as err:
+            raise t.failed(err, self.kept.label, self.seq) from err
+
+
+class _Named(NamedTuple):
+    """The transport and the label of a call MPI's own persistent request serves, and
+    ringmpi's persistent request that bound it (`_NativePersistent.kept`)."""
+    transport: Any
+    label: str
+    held: Any
 
 
 def _predefined(name: str) -> Any:

@@ -255,6 +255,42 @@ def test_drop_in_requests_mix_with_mpi4pys_in_waitall(rng):
 
 
 
+def test_drop_in_persistent_calls_of_mpi_s_own_are_mpi_requests(rng):
+    """Where MPI's own persistent collective serves the drop-in's `Allreduce_init` and the
+    like, what it returns is that MPI request: MPI.Prequest.Startall and MPI.Request.Waitall
+    over it, mpi4py's own persistent request and a nonblocking one complete them all (a
+    ringmpi request behind it was a null request there: Waitall returned before its call
+    was done); its own Start, Test and Wait do too, and Free ends it."""
+    if P == 1:
+        pytest.skip("one rank: every collective is a local copy")
+    comm = ringmpi.Comm(COMM, allreduce="mpi", broadcast="mpi", allgather="mpi")
+    x, b, part = rng.standard_normal(1000), np.zeros(7), rng.standard_normal(3)
+    y, z, g, w = np.empty_like(x), np.empty_like(x), np.empty(3 * P), np.empty(3 * P)
+    ours = [comm.Allreduce_init(x, y, op=MPI.SUM), comm.Bcast_init(b, root=ROOT), comm.Allgather_init(part, g)]
+    theirs = COMM.Allreduce_init(x, z, op=MPI.SUM)
+    assert all(isinstance(q, MPI.Prequest) and q != MPI.REQUEST_NULL for q in ours), ours
+    for i in range(4):
+        x[:] = rng.standard_normal(x.size)
+        part[:] = rng.standard_normal(3)
+        if R == ROOT:
+            b[:] = i + 1
+        if i % 2 == 0:
+            MPI.Prequest.Startall([*ours, theirs])
+            plain = COMM.Iallgather(part, w)
+            MPI.Request.Waitall([plain, *reversed(ours), theirs])
+        else:
+            for q in [*ours, theirs]:
+                q.Start()
+            COMM.Allgather(part, w)
+            pending = [*ours, theirs]
+            while pending:
+                pending = [q for q in pending if not q.Test()]
+        assert np.array_equal(y, z) and np.all(b == i + 1) and np.array_equal(g, w), i
+    for q in [*ours, theirs]:
+        q.Free()
+        assert q == MPI.REQUEST_NULL
+
+
 def test_drop_in_calls_on_the_same_arrays_reuse_their_request(rng):
     """The drop-in's nonblocking calls on the very same arrays start the kept request
     again (as `ringmpi.iallreduce` does): each call's generalized request is completed by
