@@ -1,7 +1,8 @@
 """The drop-in against plain mpi4py in an OSU-style latency loop, in mpi4py's demo style:
 `[buf, count, MPI.BYTE]` over an `mmap` buffer, `MPI.IN_PLACE` where the call has it.
 
-    python -m ringmpi.launch -n 2 -- .venv/bin/python benchmarks/osu.py [--max 1M] [--rounds 5] [--nonblocking]
+    python -m ringmpi.launch -n 2 -- .venv/bin/python benchmarks/osu.py [--max 1M] [--rounds 5] \
+        [--nonblocking | --persistent]
 
 For every size (powers of two from 1 B) and collective (Allgather in place, Bcast,
 Alltoall, Allreduce in place), each round times a loop of the call through
@@ -13,7 +14,9 @@ and what the drop-in adds to plain mpi4py's call (median over rounds of the diff
 in each form; then per collective the medians over sizes up to 1 KiB and above: the goal is
 that the drop-in costs the same over plain mpi4py in either form. `--nonblocking`: each
 call's nonblocking form instead, its request waited for at once (OSU's osu_iallgather and
-the like, with nothing to overlap).
+the like, with nothing to overlap). `--persistent`: each call's MPI-4 persistent form
+(`Allgather_init`, ...), bound at its first call and then started and waited for at once
+(OSU's osu_allreduce_persistent and the like).
 """
 from __future__ import annotations
 
@@ -38,6 +41,9 @@ def main() -> None:
     ap.add_argument("--nonblocking", action="store_true",
                     help="the nonblocking forms, each waited for at once (Iallgather(...).Wait(), ...: "
                          "OSU's osu_iallgather and the like with nothing to overlap)")
+    ap.add_argument("--persistent", action="store_true",
+                    help="the persistent forms, bound once, each start waited for at once (Allgather_init, ...: "
+                         "OSU's osu_allgather_persistent and the like)")
     ns = ap.parse_args()
     plain = MPI.COMM_WORLD
     drop = ringmpi.Comm(MPI.COMM_WORLD)
@@ -70,6 +76,31 @@ def main() -> None:
             "Ibcast": lambda c, n: c.Ibcast(views[n][0], root=0).Wait(),
             "Ialltoall": lambda c, n: c.Ialltoall(views[n][1], views[n][2]).Wait(),
             "Iallreduce": lambda c, n: c.Iallreduce(MPI.IN_PLACE, views[n][0], op=MPI.BOR).Wait(),
+        }
+    if ns.persistent:   # (each call's persistent form, bound at its first call; started, waited for)
+        bound: dict[tuple, MPI.Prequest] = {}
+
+        def again(c: MPI.Intracomm, key: tuple, bind: object) -> None:
+            q = bound.get((id(c), *key))
+            if q is None:
+                q = bound[id(c), *key] = bind()
+            q.Start()
+            q.Wait()
+        demo = {
+            "Allgather_init": lambda c, n: again(c, ("ag", n), lambda: c.Allgather_init(MPI.IN_PLACE,
+                                                                                         [buf, n, MPI.BYTE])),
+            "Bcast_init": lambda c, n: again(c, ("bc", n), lambda: c.Bcast_init([buf, n, MPI.BYTE], root=0)),
+            "Alltoall_init": lambda c, n: again(c, ("aa", n), lambda: c.Alltoall_init([buf, n, MPI.BYTE],
+                                                                                       [other, n, MPI.BYTE])),
+            "Allreduce_init": lambda c, n: again(c, ("ar", n), lambda: c.Allreduce_init(
+                MPI.IN_PLACE, [buf, n, MPI.BYTE], op=MPI.BOR)),
+        }
+        bare = {
+            "Allgather_init": lambda c, n: again(c, ("ag", n, 0), lambda: c.Allgather_init(MPI.IN_PLACE, views[n][1])),
+            "Bcast_init": lambda c, n: again(c, ("bc", n, 0), lambda: c.Bcast_init(views[n][0], root=0)),
+            "Alltoall_init": lambda c, n: again(c, ("aa", n, 0), lambda: c.Alltoall_init(views[n][1], views[n][2])),
+            "Allreduce_init": lambda c, n: again(c, ("ar", n, 0), lambda: c.Allreduce_init(
+                MPI.IN_PLACE, views[n][0], op=MPI.BOR)),
         }
     sizes = []
     n = 1
@@ -117,6 +148,9 @@ def main() -> None:
                         parts.append(f"{form} {where} {statistics.median(r for r, _ in got):.2f}x, "
                                      f"{statistics.median(e for _, e in got) * 1e6:+.2f} us")
             print(f"{name}: median over sizes: " + "; ".join(parts), flush=True)
+    if ns.persistent:
+        for q in bound.values():
+            q.Free()
     served = ringmpi.comm.stats()
     if plain.rank == 0:
         print("served by ringmpi (calls, left to mpi4py):", served)

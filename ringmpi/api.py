@@ -338,7 +338,7 @@ def execute(spec: Any, comm: Any, algorithm: Any, args: dict, key: tuple | None 
 
 
 def request(spec: Any, comm: Any, algorithm: Any, args: dict, persistent: bool = False,
-            on_done: Callable | None = None, margins: Any = None) -> Any:
+            on_done: Callable | None = None, margins: Any = None, bare: bool = True) -> Any:
     """Begin one public collective as a request (`ringmpi.requests.Request`), or bind it as
     a persistent one (`Persistent`, started by the caller). Validated, agreed
     (RINGMPI_CHECK) and resolved as a blocking call is, at this call: errors are raised here,
@@ -347,7 +347,10 @@ def request(spec: Any, comm: Any, algorithm: Any, args: dict, persistent: bool =
     (`_stand_in`): that request runs to its end unseen, and the error is raised here.
     `on_done(request)` runs when a call completes, on whichever thread completed it (the
     drop-in completes MPI generalized requests so); such requests go to the progress
-    thread whatever RINGMPI_PROGRESS says, since MPI's own waits cannot advance them.
+    thread whatever RINGMPI_PROGRESS says, since MPI's own waits cannot advance them. A
+    persistent request that MPI's own persistent collective serves (`Persistent.native`;
+    `bare` False: never, as for a caller with work of its own after each call) is MPI's to
+    complete: `on_done` is not called there.
     `margins` (`auto.Margins`): how much faster than ringmpi's best MPI's own nonblocking
     collective must be for `auto` to run it; None: REQUEST_MARGIN where a request can hide
     anything (`overlaps`), else the fastest measured (nothing runs beside it anyway)."""
@@ -382,7 +385,7 @@ def request(spec: Any, comm: Any, algorithm: Any, args: dict, persistent: bool =
         margins = _auto.Margins() if hides else _auto.Margins(measured=1.0)
     bound = _bind(e, spec, algorithm, call, result, on_done, st, margins, hides)
     if persistent:
-        return bound.persistent(bound.native and on_done is None)
+        return bound.persistent(bound.native and bare)
     kept = bound.persistent(False)
     kept.transient = True
     return kept.start().request

@@ -37,6 +37,7 @@ which reach MPI through the transport in mpicomm).
 """
 from __future__ import annotations
 
+import ctypes
 import mmap
 import operator
 import weakref
@@ -51,7 +52,7 @@ from mpi4py.util import dtlib
 from . import collectives as _c
 from .api import CACHE, algorithms, group, request
 from .auto import Margins
-from .requests import ACTIVE, progress
+from .requests import ACTIVE, engine, progress
 from .errors import RingmpiUsageError
 from .ops import SUPPORTED_DTYPES, check_op_dtype, is_half
 from .settings import settings
@@ -1100,37 +1101,76 @@ class _Request(MPI.Grequest):
 
 class _Persistent(MPI.Prequest):
     """What the drop-in's persistent calls (`Allreduce_init`, ...) return where ringmpi's
-    algorithm serves them: a ringmpi persistent request behind mpi4py's `Prequest` methods
-    (`Start`, `Wait`, `Test`, `Free`). MPI has no persistent generalized request, so MPI's
-    class-level calls (`MPI.Prequest.Startall`, `MPI.Request.Waitall`) see a null request
-    here: use the methods. Where MPI's own persistent collective serves the call, `make`
-    returns that MPI request itself (`_NativePersistent`), which they take as any."""
+    algorithm serves them: a ringmpi persistent request behind mpi4py's `Prequest` methods.
+    MPI has no persistent generalized request, so each `Start` begins the call behind a
+    fresh generalized request, completed when the call is (as the drop-in's nonblocking
+    requests, `_Request`), whose handle this object then holds: `MPI.Request.Waitall`,
+    `Testall`, `Waitany` over it wait for the call itself. (The handle is written into the
+    object in place, through mpi4py's `MPI._addressof`, where a C program would assign the
+    request variable; MPI's waits write MPI_REQUEST_NULL there when it completes.)
+    `MPI.Prequest.Startall` cannot begin ringmpi's call: MPI refuses the null or
+    generalized request it finds. Where MPI's own persistent collective serves the call,
+    `make` returns that MPI request itself (`_NativePersistent`), which Startall takes too."""
     _ring: Any = None
     _then: Any = None
+    _current: Any = None    # this start's generalized request (None between a completion and the next start)
 
     @classmethod
     def make(cls, comm: "Comm", served: _Served, algorithm: str) -> "MPI.Prequest":
-        ring = request(_c.SPECS[served.collective], comm, algorithm, served.args, persistent=True, margins=AS_ASKED)
-        if ring.native is not None and served.then is None:
-            return _NativePersistent.of(ring)
         req = cls()
+        ring = request(_c.SPECS[served.collective], comm, algorithm, served.args, persistent=True,
+                       on_done=req._done, margins=AS_ASKED, bare=served.then is None)
+        if ring.native is not None:
+            return _NativePersistent.of(ring)
         req._ring, req._then = ring, served.then
         return req
 
+    def _done(self, call: Any) -> None:
+        """The call is complete (on whichever thread completed it): the result moved where
+        MPI puts it, the call collected (MPI's own waits complete it from here on), and its
+        generalized request completed."""
+        if self._then is not None and call.error is None:
+            self._then(call.result)
+        call.waited = True
+        engine().collected(call)
+        self._current.Complete()
+
     def Start(self) -> None:
-        self._ring.start()
+        if self != MPI.REQUEST_NULL:   # (its last call's generalized request, not yet waited for)
+            raise ValueError(f"ringmpi: persistent {self._ring.label} started again before its last call was "
+                             "waited for")
+        current = self._current = MPI.Grequest.Start(_query, _nothing, _nothing)
+        _hold(self, current)
+        try:
+            self._ring.start()
+        except BaseException:
+            current.Complete()
+            MPI.Request.Wait(self)   # (the generalized request's end: this object null again)
+            raise
 
     def Wait(self, status: Any = None) -> Literal[True]:
-        result = self._ring.wait()
-        if self._then is not None and result is not None:   # (None: never started)
-            self._then(result)
+        try:
+            self._ring.wait()
+        finally:
+            if self != MPI.REQUEST_NULL:
+                MPI.Request.Wait(self, status)
         return True
 
     def Test(self, status: Any = None) -> bool:
-        return self._ring.test() and self.Wait(status)
+        if not self._ring.test():
+            return False
+        return self.Wait(status)
 
     def Free(self) -> None:
         self._ring.free()
+        if self != MPI.REQUEST_NULL:   # (complete: `_ring.free` refuses a call in flight)
+            MPI.Request.Wait(self)
+
+
+def _hold(req: MPI.Request, other: MPI.Request) -> None:
+    """`req` holds `other`'s MPI handle from now on (mpi4py objects take a handle only when
+    made; its waits write one in place as this does)."""
+    ctypes.memmove(MPI._addressof(req), MPI._addressof(other), MPI._sizeof(MPI.Request))
 
 
 class _NativePersistent(_NativeRequest, MPI.Prequest):

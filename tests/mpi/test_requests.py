@@ -14,6 +14,7 @@ from helpers import make_data, valid_ops
 from mpi4py import MPI
 
 import ringmpi
+from ringmpi import comm as dropin
 from ringmpi import requests, settings
 from ringmpi.collectives import SPECS
 from ringmpi.device import FakeDeviceArray
@@ -255,32 +256,39 @@ def test_drop_in_requests_mix_with_mpi4pys_in_waitall(rng):
 
 
 
-def test_drop_in_persistent_calls_of_mpi_s_own_are_mpi_requests(rng):
-    """Where MPI's own persistent collective serves the drop-in's `Allreduce_init` and the
-    like, what it returns is that MPI request: MPI.Prequest.Startall and MPI.Request.Waitall
-    over it, mpi4py's own persistent request and a nonblocking one complete them all (a
-    ringmpi request behind it was a null request there: Waitall returned before its call
-    was done); its own Start, Test and Wait do too, and Free ends it."""
-    if P == 1:
-        pytest.skip("one rank: every collective is a local copy")
-    comm = ringmpi.Comm(COMM, allreduce="mpi", broadcast="mpi", allgather="mpi")
-    x, b, part = rng.standard_normal(1000), np.zeros(7), rng.standard_normal(3)
+@pytest.mark.parametrize("algorithm", ["mpi", "ring"])
+def test_drop_in_persistent_calls_complete_in_mpi_s_waits(algorithm, rng):
+    """The drop-in's `Allreduce_init` and the like, served by MPI's own persistent
+    collective (then what it returns is that MPI request) or by ringmpi's algorithm (each
+    start a generalized request the object holds): MPI.Request.Waitall over them beside
+    mpi4py's own persistent and nonblocking requests, and polling their Test, complete
+    their calls. Before, a ringmpi request behind them was a null request to Waitall, which
+    returned before the call was done. MPI.Prequest.Startall starts MPI's own and refuses
+    ringmpi's (MPI has no persistent generalized request)."""
+    native = algorithm == "mpi" and P > 1
+    comm = ringmpi.Comm(COMM, allreduce=algorithm, broadcast="mpi" if native else "pipeline", allgather=algorithm)
+    x, b, part = rng.standard_normal(30000), np.zeros(7), rng.standard_normal(3)
     y, z, g, w = np.empty_like(x), np.empty_like(x), np.empty(3 * P), np.empty(3 * P)
     ours = [comm.Allreduce_init(x, y, op=MPI.SUM), comm.Bcast_init(b, root=ROOT), comm.Allgather_init(part, g)]
     theirs = COMM.Allreduce_init(x, z, op=MPI.SUM)
-    assert all(isinstance(q, MPI.Prequest) and q != MPI.REQUEST_NULL for q in ours), ours
+    assert all(isinstance(q, dropin._NativePersistent if native else dropin._Persistent) for q in ours), ours
+    if not native:
+        with pytest.raises(MPI.Exception):
+            MPI.Prequest.Startall(ours[:1])
     for i in range(4):
-        x[:] = rng.standard_normal(x.size)
+        x[:] = rng.integers(-1000, 1000, x.size)   # (exact sums in any order)
         part[:] = rng.standard_normal(3)
         if R == ROOT:
             b[:] = i + 1
-        if i % 2 == 0:
+        if native and i % 2 == 0:
             MPI.Prequest.Startall([*ours, theirs])
-            plain = COMM.Iallgather(part, w)
-            MPI.Request.Waitall([plain, *reversed(ours), theirs])
         else:
             for q in [*ours, theirs]:
                 q.Start()
+        if i % 2 == 0:
+            plain = COMM.Iallgather(part, w)
+            MPI.Request.Waitall([plain, *reversed(ours), theirs])
+        else:
             COMM.Allgather(part, w)
             pending = [*ours, theirs]
             while pending:
