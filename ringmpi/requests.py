@@ -96,6 +96,7 @@ class Request(_Handed):
     on_done: Callable[["Request"], None] | None = None       # (a generalized MPI request's completion)
     posted: bool = False           # MPI's own collective was posted at the start: `body` only finishes it
     wakes: bool = False            # worth waking the progress thread for at its start (`Engine.start`)
+    threaded: bool = False         # begun for the progress thread to run (`Engine.advance_mine`)
     finished: threading.Event | None = None   # made for a waiter on another thread, set when done
     started: float = 0.0           # when it began (perf_counter)
     source: Any = None             # the `Persistent` that began it (a nonblocking call's: kept for the next
@@ -106,7 +107,7 @@ class Request(_Handed):
         completes it as a wait does (MPI_Test's rule: the result is in the caller's buffer,
         and `wait()` still returns it). A call that failed raises its error here."""
         if not self.done:
-            engine().advance_mine()
+            engine().advance_mine(driven=self)
         if self.done:
             self._collect()
         return self.done
@@ -336,6 +337,7 @@ class Engine:
     def start(self, req: Request, thread: bool) -> Request:
         """Begin `req`: on the progress thread when `thread`, else its first round now."""
         req.started = time.perf_counter()
+        req.threaded = thread
         with self.lock:
             self.active[req] = None
             if thread:
@@ -466,12 +468,24 @@ class Engine:
         with self.lock:
             return [r for r in self.active if r.owner in (None, me)]
 
-    def advance_mine(self, grace: float = 0.0) -> bool:
+    def advance_mine(self, grace: float = 0.0, driven: Request | None = None) -> bool:
         """Advance every request this thread owns or may take (`_claim`'s `grace`); True when
-        any moved."""
-        moved = False
+        any moved. A request begun for the progress thread (`threaded`) is taken by no other
+        thread but one waiting for it or testing it (`driven`): its body advances only on
+        the thread that began it, so a caller that took it in passing (a blocking call's
+        progress) would hold it while it computes, and a request freed unwaited would never
+        end. The thread is woken for it instead."""
+        moved = left = False
+        helper = self.thread
+        passing = helper is not None and threading.current_thread() is not helper
         for r in self.mine():
+            if passing and r.threaded and r.owner is None and r is not driven:
+                left = True
+                continue
             moved |= self._step(r, grace)
+        if left and self.asleep:
+            with self.lock:
+                self.wake.notify()
         return moved
 
     def wait_for(self, req: Request) -> None:
