@@ -383,7 +383,7 @@ class _NativeRequest(MPI.Request):
     `MPI.Request.Waitall` and the like take it beside any other and complete it themselves.
     Its own `Wait` tells the stall watch which call the caller waits for, as a ringmpi
     request's wait does; it is not reported when never waited for, as mpi4py's are not."""
-    __slots__ = ("kept", "seq")   # (what began it, a `_Kept`, and the call's sequence number)
+    __slots__ = ("kept", "seq")   # (what began it: a `_Kept`, or a persistent one's `_Named`; the call's sequence number)
 
     def Wait(self, status: Any = None) -> Literal[True]:
         t, label = self.kept.transport, self.kept.label
