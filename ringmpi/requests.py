@@ -103,11 +103,15 @@ class Request(_Handed):
                                    # call on the very same arrays, `collectives._as_request`)
 
     def test(self) -> bool:
-        """Advance this request (and the others this thread owns); True once complete, which
+        """Advance the requests this thread runs (one begun for the progress thread is left
+        to it, and a test in a loop lets it run); True once this one is complete, which
         completes it as a wait does (MPI_Test's rule: the result is in the caller's buffer,
         and `wait()` still returns it). A call that failed raises its error here."""
         if not self.done:
-            engine().advance_mine(driven=self)
+            eng = engine()
+            eng.advance_mine()
+            if self.threaded and not self.done and self.owner != threading.get_ident():
+                yield_core()   # (the progress thread's: a caller polling in a loop lets it run)
         if self.done:
             self._collect()
         return self.done
@@ -468,18 +472,18 @@ class Engine:
         with self.lock:
             return [r for r in self.active if r.owner in (None, me)]
 
-    def advance_mine(self, grace: float = 0.0, driven: Request | None = None) -> bool:
+    def advance_mine(self, grace: float = 0.0) -> bool:
         """Advance every request this thread owns or may take (`_claim`'s `grace`); True when
         any moved. A request begun for the progress thread (`threaded`) is taken by no other
-        thread but one waiting for it or testing it (`driven`): its body advances only on
-        the thread that began it, so a caller that took it in passing (a blocking call's
-        progress) would hold it while it computes, and a request freed unwaited would never
-        end. The thread is woken for it instead."""
+        thread but one waiting for it (`wait_for`): its body advances only on the thread that
+        began it, so a caller that took it in passing (a blocking call's progress, a test)
+        would hold it while it computes, and a request freed unwaited would never end. The
+        thread is woken for it instead."""
         moved = left = False
         helper = self.thread
         passing = helper is not None and threading.current_thread() is not helper
         for r in self.mine():
-            if passing and r.threaded and r.owner is None and r is not driven:
+            if passing and r.threaded and r.owner is None:
                 left = True
                 continue
             moved |= self._step(r, grace)
