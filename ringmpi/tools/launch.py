@@ -29,6 +29,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import json
 import os
 import shlex
@@ -41,7 +42,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["mpirun_command", "find_mpirun", "is_open_mpi", "job_environment", "launcher_beside", "main"]
+__all__ = ["mpirun_command", "find_mpirun", "is_open_mpi", "open_mpi_version", "job_environment", "launcher_beside", "main"]
 
 #: variables an enclosing MPI job leaves behind, which would make a new mpirun join it
 INHERITED = ("PMI_", "PMIX_", "OMPI_COMM_", "OMPI_MCA_orte_", "OMPI_MCA_ess", "HYDRA_", "MPI_LOCAL", "PRTE_",
@@ -98,11 +99,20 @@ def launcher_beside(mpicc: str) -> str | None:
 
 
 def is_open_mpi(cmd: list[str]) -> bool:
+    return open_mpi_version(cmd) is not None
+
+
+def open_mpi_version(cmd: list[str]) -> tuple[int, ...] | None:
+    """The Open MPI version of launcher `cmd` ((5, 0, 11); () where it does not say), None
+    for another MPI's launcher."""
     try:
         out = subprocess.run(cmd + ["--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "Open MPI" in out or "OpenRTE" in out or "prterun" in out or "PRRTE" in out
+        return None
+    if not ("Open MPI" in out or "OpenRTE" in out or "prterun" in out or "PRRTE" in out):
+        return None
+    found = re.search(r"\((?:Open MPI|OpenRTE)\) (\d+(?:\.\d+)*)", out)
+    return tuple(int(v) for v in found.group(1).split(".")) if found else ()
 
 
 #: Open MPI's TCP messages up to this many bytes go eagerly, without rendezvous (its default
@@ -130,10 +140,12 @@ def mpirun_command(n: int, argv: list[str], extra: list[str] | None = None, host
     `fault_tolerant`: ULFM on (Open MPI 5 only: ULFM_FLAGS), so a job outlives a rank."""
     cmd = find_mpirun(argv)
     flags = ["-n", str(n)]
-    ompi = is_open_mpi(cmd)
-    if fault_tolerant and not ompi:
+    version = open_mpi_version(cmd)
+    ompi = version is not None
+    if fault_tolerant and (version is None or version and version < (5,)):
+        what = "another MPI's launcher" if version is None else f"Open MPI {'.'.join(map(str, version))}'s"
         raise SystemExit(f"ringmpi.launch: --fault-tolerant needs Open MPI 5 (its ULFM); {shlex.join(cmd)} is "
-                         "another MPI's launcher (MPI=wheel gives Open MPI)")
+                         f"{what} (MPI=wheel gives Open MPI 5)")
     if ompi:
         flags = ["--oversubscribe", *flags]
         if n > (os.cpu_count() or n):

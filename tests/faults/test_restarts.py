@@ -20,7 +20,7 @@ import pytest
 from faultinject import DIGEST, killer, launch, steps_seen
 
 from ringmpi.dp.checkpoint import checkpoints
-from ringmpi.tools.launch import find_mpirun, is_open_mpi
+from ringmpi.tools.launch import find_mpirun, open_mpi_version
 
 RANKS = 4
 EVERY = 5
@@ -102,7 +102,8 @@ def test_truncated_checkpoint_is_skipped_and_the_previous_resumed(tmp_path, refe
 
 
 def _ulfm() -> bool:
-    return is_open_mpi(find_mpirun([sys.executable]))
+    version = open_mpi_version(find_mpirun([sys.executable]))
+    return version is not None and (not version or version >= (5,))
 
 
 @pytest.mark.skipif(not _ulfm(), reason="ULFM (--fault-tolerant) is Open MPI 5's")

@@ -114,24 +114,47 @@ def test_the_launcher_of_the_programs_own_python_comes_first(tmp_path, monkeypat
 def test_hosts_are_spelled_for_the_launcher(tmp_path, monkeypatch):
     from ringmpi.tools import launch
     monkeypatch.setenv("MPIRUN", "mpiexec")
-    monkeypatch.setattr(launch, "is_open_mpi", lambda cmd: True)
+    monkeypatch.setattr(launch, "open_mpi_version", lambda cmd: (5, 0, 11))
     assert launch.mpirun_command(2, ["prog"], hosts="a:1,b:1")[-3:] == ["--host", "a:1,b:1", "prog"]
-    monkeypatch.setattr(launch, "is_open_mpi", lambda cmd: False)
+    monkeypatch.setattr(launch, "open_mpi_version", lambda cmd: None)
     assert launch.mpirun_command(2, ["prog"], hosts="a:1,b:1") == ["mpiexec", "-n", "2", "-hosts", "a:1,b:1", "prog"]
+
+
+def test_fault_tolerance_asks_for_open_mpi_5(monkeypatch):
+    """--fault-tolerant passes ULFM's flags to Open MPI 5's launcher, and stops with one line
+    naming the launcher where it has no ULFM (Open MPI 4 refuses --with-ft; MPICH)."""
+    from ringmpi.tools import launch
+    monkeypatch.setenv("MPIRUN", "mpirun")
+    monkeypatch.setattr(launch, "open_mpi_version", lambda cmd: (5, 0, 11))
+    assert "--with-ft" in launch.mpirun_command(2, ["prog"], fault_tolerant=True)
+    for version, named in (((4, 1, 4), "is Open MPI 4.1.4's"), (None, "is another MPI's launcher")):
+        monkeypatch.setattr(launch, "open_mpi_version", lambda cmd, v=version: v)
+        with pytest.raises(SystemExit, match=f"--fault-tolerant needs Open MPI 5 .*{named}"):
+            launch.mpirun_command(2, ["prog"], fault_tolerant=True)
+
+
+def test_open_mpi_versions_are_read_from_the_launcher(tmp_path):
+    from ringmpi.tools import launch
+    for said, version in (("mpiexec.openmpi (OpenRTE) 4.1.4", (4, 1, 4)), ("mpirun (Open MPI) 5.0.11", (5, 0, 11)),
+                          ("HYDRA build details:", None)):
+        fake = tmp_path / "mpirun"
+        fake.write_text(f"#!/bin/sh\necho '{said}'\n")
+        fake.chmod(0o755)
+        assert launch.open_mpi_version([str(fake)]) == version, said
 
 
 def test_open_mpis_tcp_messages_go_eagerly_unless_the_user_says(monkeypatch):
     from ringmpi.tools import launch
     monkeypatch.setenv("MPIRUN", "mpirun")
     monkeypatch.delenv("OMPI_MCA_btl_tcp_eager_limit", raising=False)
-    monkeypatch.setattr(launch, "is_open_mpi", lambda cmd: True)
+    monkeypatch.setattr(launch, "open_mpi_version", lambda cmd: (5, 0, 11))
     cmd = launch.mpirun_command(2, ["prog"])
     assert cmd[cmd.index("btl_tcp_eager_limit") + 1] == str(launch.TCP_EAGER_LIMIT)
     mine = ["--mca", "btl_tcp_eager_limit", "65536"]
     assert launch.mpirun_command(2, ["prog"], extra=mine).count("btl_tcp_eager_limit") == 1
     monkeypatch.setenv("OMPI_MCA_btl_tcp_eager_limit", "65536")
     assert "btl_tcp_eager_limit" not in launch.mpirun_command(2, ["prog"])
-    monkeypatch.setattr(launch, "is_open_mpi", lambda cmd: False)
+    monkeypatch.setattr(launch, "open_mpi_version", lambda cmd: None)
     monkeypatch.delenv("OMPI_MCA_btl_tcp_eager_limit")
     assert "btl_tcp_eager_limit" not in launch.mpirun_command(2, ["prog"])
 
