@@ -96,25 +96,17 @@ class Request(_Handed):
     on_done: Callable[["Request"], None] | None = None       # (a generalized MPI request's completion)
     posted: bool = False           # MPI's own collective was posted at the start: `body` only finishes it
     wakes: bool = False            # worth waking the progress thread for at its start (`Engine.start`)
-    threaded: bool = False         # begun for the progress thread to run (`Engine.advance_mine`)
-    polled: float = 0.0            # when a caller last tested it (perf_counter; `test`)
     finished: threading.Event | None = None   # made for a waiter on another thread, set when done
     started: float = 0.0           # when it began (perf_counter)
     source: Any = None             # the `Persistent` that began it (a nonblocking call's: kept for the next
                                    # call on the very same arrays, `collectives._as_request`)
 
     def test(self) -> bool:
-        """Advance the requests this thread runs; True once this one is complete, which
+        """Advance this request (and the others this thread owns); True once complete, which
         completes it as a wait does (MPI_Test's rule: the result is in the caller's buffer,
-        and `wait()` still returns it). A call that failed raises its error here. One begun
-        for the progress thread is left to it, unless the caller tests it again within
-        POLL_GAP: a caller polling in a loop runs it at a blocking call's speed (the thread
-        would take it after GRACE and nap between its rounds), one that tests it once and
-        computes leaves it moving."""
+        and `wait()` still returns it). A call that failed raises its error here."""
         if not self.done:
-            now = time.perf_counter()
-            polled, self.polled = self.polled, now
-            engine().advance_mine(driven=self if now - polled < POLL_GAP else None)
+            engine().advance_mine()
         if self.done:
             self._collect()
         return self.done
@@ -344,7 +336,6 @@ class Engine:
     def start(self, req: Request, thread: bool) -> Request:
         """Begin `req`: on the progress thread when `thread`, else its first round now."""
         req.started = time.perf_counter()
-        req.threaded = thread
         with self.lock:
             self.active[req] = None
             if thread:
@@ -475,20 +466,11 @@ class Engine:
         with self.lock:
             return [r for r in self.active if r.owner in (None, me)]
 
-    def advance_mine(self, grace: float = 0.0, driven: Request | None = None) -> bool:
+    def advance_mine(self, grace: float = 0.0) -> bool:
         """Advance every request this thread owns or may take (`_claim`'s `grace`); True when
-        any moved. A request begun for the progress thread (`threaded`) is taken by no other
-        thread but one waiting for it (`wait_for`) or polling it (`driven`: `Request.test`):
-        its body advances only on the thread that began it, so a caller that took it in
-        passing (a blocking call's progress, one test) would hold it while it computes, and a
-        request freed unwaited would never end. The thread finds it when its nap ends, as
-        any request that did not wake it at its start (`Engine.start`)."""
+        any moved."""
         moved = False
-        helper = self.thread
-        passing = helper is not None and threading.current_thread() is not helper
         for r in self.mine():
-            if passing and r.threaded and r.owner is None and r is not driven:
-                continue
             moved |= self._step(r, grace)
         return moved
 
@@ -700,9 +682,6 @@ GRACE = 1e-4
 #: (`Engine._loop`): a request that wakes nobody waits up to LONG_NAP for the thread, if its
 #: caller does not wait for it first
 LINGER, LINGER_NAP, LONG_NAP = 0.25, 1e-3, 32e-3
-#: seconds between two tests of a request that make its caller a poller, who then runs the
-#: request itself (`Request.test`)
-POLL_GAP = 1e-3
 #: a request of at least this many bytes may wake the napping progress thread at its start
 #: (`Request.wakes`): it takes longer than the wake costs on any link; it waits at most
 #: PROMPT seconds more than GRACE for the thread's first look

@@ -178,35 +178,6 @@ def test_progress_while_the_caller_computes(progress, count, thread_was):
         settings.reload({})
 
 
-@pytest.mark.parametrize("then", ["blocking call", "test"])
-@pytest.mark.parametrize("count", [64, 1 << 16])
-def test_the_progress_thread_keeps_its_requests(count, then):
-    """A request begun for the progress thread, at once a blocking call on the caller's
-    thread or a test of the request (before the thread took it), then numpy work that never
-    calls ringmpi: the request completes meanwhile, on every rank. The call had taken it in
-    passing, and its body, which advances only on the thread that began it, then waited for
-    the caller's next ringmpi call (a drop-in request freed unwaited never ended)."""
-    if P == 1 or not ringmpi.api.group().wire:
-        pytest.skip("no progress thread: one rank, or MPI below THREAD_MULTIPLE")
-    settings.reload({"RINGMPI_PROGRESS": "thread"})
-    try:
-        x = np.full(count, float(R + 1))
-        q = ringmpi.iallreduce(x, algorithm="ring")
-        if then == "test":
-            q.test()
-        else:
-            assert np.array_equal(ringmpi.allreduce(np.ones(3)), np.full(3, float(P)))
-        a = np.random.default_rng(R).standard_normal((300, 300))
-        deadline = time.monotonic() + 30
-        while not q.done and time.monotonic() < deadline:
-            a = np.tanh(a @ a.T / 300)
-        done = q.done
-        assert np.array_equal(q.wait(), np.full(count, P * (P + 1) / 2))
-        assert COMM.allreduce(done, op=MPI.LAND), "the request did not complete while its caller computed"
-    finally:
-        settings.reload({})
-
-
 def test_errors_are_raised_at_the_start_and_never_disturb_the_next_call(rng):
     x = rng.standard_normal(10)
     with pytest.raises(RingmpiUsageError, match=r"ringmpi\.iallreduce \(rank \d+ of \d+\).*dtype"):
