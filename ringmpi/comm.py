@@ -1157,9 +1157,7 @@ class _Persistent(MPI.Prequest):
         return True
 
     def Test(self, status: Any = None) -> bool:
-        if not self._ring.test():
-            return False
-        return self.Wait(status)
+        return self._ring.test() and self.Wait(status)
 
     def Free(self) -> None:
         self._ring.free()

@@ -29,9 +29,9 @@
 from __future__ import annotations
 
 import argparse
-import re
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["mpirun_command", "find_mpirun", "is_open_mpi", "open_mpi_version", "job_environment", "launcher_beside", "main"]
+__all__ = ["mpirun_command", "find_mpirun", "open_mpi_version", "job_environment", "launcher_beside", "main"]
 
 #: variables an enclosing MPI job leaves behind, which would make a new mpirun join it
 INHERITED = ("PMI_", "PMIX_", "OMPI_COMM_", "OMPI_MCA_orte_", "OMPI_MCA_ess", "HYDRA_", "MPI_LOCAL", "PRTE_",
@@ -96,10 +96,6 @@ def launcher_beside(mpicc: str) -> str | None:
             break
         path = os.path.join(p.parent, os.readlink(p))
     return found
-
-
-def is_open_mpi(cmd: list[str]) -> bool:
-    return open_mpi_version(cmd) is not None
 
 
 def open_mpi_version(cmd: list[str]) -> tuple[int, ...] | None:
