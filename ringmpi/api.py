@@ -348,7 +348,7 @@ def request(spec: Any, comm: Any, algorithm: Any, args: dict, persistent: bool =
     `on_done(request)` runs when a call completes, on whichever thread completed it (the
     drop-in completes MPI generalized requests so); such requests go to the progress
     thread whatever RINGMPI_PROGRESS says, since MPI's own waits cannot advance them. A
-    persistent request that MPI's own persistent collective serves (`Persistent.native`;
+    persistent request that MPI's own persistent collective serves (`Persistent.mpi`;
     `bare` False: never, as for a caller with work of its own after each call) is MPI's to
     complete: `on_done` is not called there.
     `margins` (`auto.Margins`): how much faster than ringmpi's best MPI's own nonblocking
@@ -385,7 +385,7 @@ def request(spec: Any, comm: Any, algorithm: Any, args: dict, persistent: bool =
         margins = _auto.Margins() if hides else _auto.Margins(measured=1.0)
     bound = _bind(e, spec, algorithm, call, result, on_done, st, margins, hides)
     if persistent:
-        return bound.persistent(bound.native and bare)
+        return bound.persistent(bound.mpi and bare)
     kept = bound.persistent(False)
     kept.transient = True
     return kept.start().request
@@ -428,7 +428,7 @@ class _Bound:
     hands them to its request at the start, which lets go of them when complete, so that
     the memo keeping it for the next call on the same arrays (`restart_same`) keeps no user
     array alive."""
-    __slots__ = ("t", "view", "dev", "alg", "call", "result", "name", "on_done", "thread", "native", "lean", "params",
+    __slots__ = ("t", "view", "dev", "alg", "call", "result", "name", "on_done", "thread", "mpi", "lean", "params",
                  "shape", "launched", "stripped", "canonical", "arena", "large")
 
     def __init__(self, t: Any, view: Any, dev: Any, alg: Any, call: Call, result: Any, on_done: Any,
@@ -438,26 +438,26 @@ class _Bound:
         # (the memo compares the given tunables: the shape leaves them out, `params` has them tuned)
         self.shape = (call.count, call.dtype, call.op, call.root, call.counts, call.inplace)
         self.stripped, self.canonical = call._replace(send=None, recv=None), call.dtype   # (for `restart_same`)
-        self.native = dev is None and _one_library_call(t, call.collective, alg, call)
+        self.mpi = dev is None and _one_mpi_call(t, call.collective, alg, call)
         # MPI matches its own collectives by the order they are called in, not by tags: a
         # body that calls one (MPI's own on device buffers, staged; in pieces; NaN-keyed
         # MAX/MIN) runs its first step at the start, on the caller's thread, so that it
         # posts it in the order of the starts
-        self.thread = thread and (self.native or alg.cost is not None)
+        self.thread = thread and (self.mpi or alg.cost is not None)
         # MPI's own where nothing can run beside it (`overlaps`): its own request, tested and
         # waited for in MPI, without the engine (`requests.Native`; benchmarks/README.md, "What a
         # request of ringmpi's own API costs with nothing to overlap")
-        self.lean = self.native and on_done is None and not hides
+        self.lean = self.mpi and on_done is None and not hides
         self.arena = alg.scratch(t.size, call) if dev is None else 0   # (shared memory: `RequestView.take_shared`)
         self.large = call.count * call.itemsize >= requests.WAKE_BYTES
         self.launched = False      # (a start after the first takes the next sequence number and tag)
 
-    def persistent(self, native: bool) -> Any:
+    def persistent(self, mpi: bool) -> Any:
         """The `requests.Persistent` of this call: MPI-4's own persistent collective where
-        `native` and the library has one, else one whose starts are `launch`."""
-        bound = self.view.bind(self.call) if native else None
+        `mpi` and the library has one, else one whose starts are `launch`."""
+        bound = self.view.bind(self.call) if mpi else None
         if bound is not None:
-            return requests.Persistent(self.name, self.t, self.launch, native=bound, bound=self,
+            return requests.Persistent(self.name, self.t, self.launch, mpi=bound, bound=self,
                                        finish=lambda: self.finish(self.view, self.call, self.result))
         return requests.Persistent(self.name, self.t, self.launch, bound=self)
 
@@ -467,14 +467,14 @@ class _Bound:
         view, call, result = self.view, self.call, self.result
         if self.launched:           # a persistent request's next start
             if p.request is None or p.request.done:
-                view.again(self.name, self.native)
+                view.again(self.name, self.mpi)
             else:                    # (never two calls on one transport: each has its tag and scratch)
                 view = self.view = self.t.request_view(self.name)
         self.launched = True
         on_done = self.on_done
         if p.transient:
             self.call = self.result = self.on_done = None
-        if self.native:
+        if self.mpi:
             view.post(call)
             if self.lean:
                 (inner,), view.pending = view.pending, []
@@ -487,7 +487,7 @@ class _Bound:
             if self.arena:
                 view.take_shared(self.arena)
             body = functools.partial(self.body, view, call, result)
-        req = requests.Request(self.name, view.seq, self.t, view, body, on_done=on_done, posted=self.native,
+        req = requests.Request(self.name, view.seq, self.t, view, body, on_done=on_done, posted=self.mpi,
                                wakes=self.large or on_done is not None)
         return requests.engine().start(req, self.thread)
 
@@ -525,7 +525,7 @@ def _bind(e: Edge, spec: Any, algorithm: str, call: Call, result: Any, on_done: 
                   thread, hides)
 
 
-def _one_library_call(t: Any, spec: Any, alg: Any, call: Call) -> bool:
+def _one_mpi_call(t: Any, spec: Any, alg: Any, call: Call) -> bool:
     """Whether `alg` is MPI's own and its call is one MPI call with nothing after it (the
     library's nonblocking or persistent collective then serves the request as it is): not
     MAX/MIN of floats (NaN keys before and after), nor above the C-int count limit (in
@@ -563,7 +563,7 @@ def _runnable(e: Edge, spec: Any, name: str, call: Call, on: Any) -> tuple[Any, 
     why = alg.refuses(on, call)
     if why:
         e.fail(f"algorithm {name!r} cannot run here: {why}")
-    if alg.cost is None and not on.native_serves(call):
+    if alg.cost is None and not on.mpi_serves(call):
         e.fail(f"algorithm 'mpi' cannot take {call.count} elements: the MPI library's {spec.name} counts are "
                f"C ints (at most {on.max_count}); use one of ringmpi's algorithms or 'auto'")
     return alg, _with_tunables(on, alg, call)
@@ -649,7 +649,7 @@ def _run_body(t: Any, dev: Any, alg: Any, call: Call) -> None:
 
 
 def _failed(t: Any, err: BaseException) -> None:
-    """A call raised on this rank after it began (a body, or MPI's own in a direct plan):
+    """A call raised on this rank after it began (a body, or MPI's own in an MPI plan):
     through `t.failed` (the other ranks may be waiting for this one), then the call is over."""
     raised = t.failed(err)
     t.busy = None
@@ -771,7 +771,7 @@ class ExploringPlan:
 
 def _slow(spec: Any, comm: Any, algorithm: str, args: dict) -> Callable:
     """For a plan: anything unexpected goes to the full path, which explains it. Only the
-    direct plans (MPI's own, `Collective.direct`) fall back to it: a rank that stands in
+    MPI plans (MPI's own, `Collective.mpi_plan`) fall back to it: a rank that stands in
     for bad buffers there runs MPI's own, as the others do."""
     def slow(sendbuf: Any, recvbuf: Any) -> Any:
         return execute(spec, comm, algorithm, spec.with_buffers(args, sendbuf, recvbuf), planned="mpi")
@@ -780,12 +780,12 @@ def _slow(spec: Any, comm: Any, algorithm: str, args: dict) -> Callable:
 
 def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice: dict, slow: Callable,
                     tuner: Any = None, dev: Any = None) -> Callable:
-    """MPI's own called straight with the user's arrays where the spec knows how (`direct`),
+    """MPI's own called straight with the user's arrays where the spec knows how (`mpi_plan`),
     else the body (`BodyPlan`). `dev`: the call is on device buffers, which never go to MPI
     without their transport."""
-    if dev is None and alg.cost is None and t.native_serves(call) and call.op != "AVG" and \
+    if dev is None and alg.cost is None and t.mpi_serves(call) and call.op != "AVG" and \
             _library_takes(call):
-        fast = spec.direct(t, call, args, choice, slow, tuner)
+        fast = spec.mpi_plan(t, call, args, choice, slow, tuner)
         if fast is not None:
             return fast
     return BodyPlan(t, spec, args, alg, call, choice, tuner, dev).run   # (a bound method: calling it costs
@@ -854,7 +854,7 @@ class BodyPlan:
 
 def mpi_reference(t: Any, spec: Any, args: dict) -> Callable:
     """MPI's own collective for calls shaped like `args`, as lean as ringmpi can call it
-    (the fast path's direct call): the reference a benchmark divides by."""
+    (the fast path's MPI plan): the reference a benchmark divides by."""
     call, _ = spec.prepare(Edge(spec.name, t), **args)
     choice = {"collective": spec.name, "algorithm": "mpi", "why": "reference"}
     return _algorithm_plan(t, spec, args, _alg.get(spec.name, "mpi"), call, choice,
@@ -889,7 +889,7 @@ def send_recv_plan(t: Any, function: str, op: str | None, shape: tuple | None, d
     guarantees, and anything the key does not cover (overlapping buffers, a read-only
     result, a buffer mpi4py cannot take: its BufferError or ValueError, raised before any
     message moves) goes to the full path, which explains or serves it. Buffers go to MPI
-    with the datatype of the canonical dtype (`direct`), so 'l' and 'q' arrays mix.
+    with the datatype of the canonical dtype (`mpi_function`), so 'l' and 'q' arrays mix.
     `run.same_buffers` skips the overlap test: for a caller that passes the very arrays
     (by identity) that passed it before (an array's memory never moves). `copy_in_place`
     (a small all-reduce whose result is shaped like its input): a new result is a copy of
@@ -898,7 +898,7 @@ def send_recv_plan(t: Any, function: str, op: str | None, shape: tuple | None, d
     # (one closure, longer than the house's 50 lines: the hot loop of the fast path, where a
     # call through a helper is a measurable share of a small MPI call: benchmarks/README.md,
     # "Figures behind constants in the code")
-    fn, mpi_op, in_place, mpi_type = t.direct(function, op, dtype)
+    fn, mpi_op, in_place, mpi_type = t.mpi_function(function, op, dtype)
     empty, may_share = np.empty, np.may_share_memory
     if shape is not None and len(shape) == 1:
         shape = shape[0]  # np.empty(n) is faster than np.empty((n,))
@@ -945,7 +945,7 @@ def call_plan(t: Any, function: str, build: Callable, label: str, choice: dict, 
               tuner: Any = None) -> Callable:
     """The library's `function(*args)` with `(args, result) = build(sendbuf, recvbuf)` (None:
     the full path) for the collectives whose calls do not fit `send_recv_plan`."""
-    fn = t.direct(function)[0]
+    fn = t.mpi_function(function)[0]
 
     def run(sendbuf: Any, recvbuf: Any) -> Any:
         if tuner is not None and next(tuner.due):

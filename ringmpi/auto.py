@@ -136,15 +136,15 @@ def predict_time(collective: str, algorithm: str, p: int, count: int, itemsize: 
     return min(others) - prof.overhead
 
 
-def _predicted_choice(t: Any, call: Call, prof: Profile, native_ok: bool, native_extra: float = 0.0) -> dict:
-    """The lowest predicted time under `prof`; MPI's own pays `native_extra` more (device
+def _predicted_choice(t: Any, call: Call, prof: Profile, mpi_ok: bool, mpi_extra: float = 0.0) -> dict:
+    """The lowest predicted time under `prof`; MPI's own pays `mpi_extra` more (device
     buffers staged whole through the host) and wins near-ties (MARGIN)."""
     collective = call.collective.name
     algs = [_alg.get(collective, a) for a in _alg.names(collective)]
     preds = {a.name: predict_time(collective, a.name, t.size, call.count, call.itemsize, prof, call.params)
-             for a in algs if (native_ok or a.cost is not None) and not a.refuses(t, call)}
+             for a in algs if (mpi_ok or a.cost is not None) and not a.refuses(t, call)}
     if "mpi" in preds:
-        preds["mpi"] += native_extra
+        preds["mpi"] += mpi_extra
     best = min(preds, key=preds.get)
     if "mpi" in preds and best != "mpi" and preds[best] > MARGIN * preds["mpi"]:
         best = "mpi"
@@ -179,13 +179,13 @@ def choose(t: Any, call: Call) -> dict:
     ckey = (collective, call.count, call.itemsize, call.params, st.generation)
     choice = t.choices.get(ckey)
     if choice is None:
-        native_ok = t.native_serves(call)
+        mpi_ok = t.mpi_serves(call)
         if forced is not None:
             _alg.get(collective, forced)  # an unknown name is an error, not ignored
             choice = {"algorithm": forced, "why": "forced by RINGMPI_ALGO"}
         else:
             prof = profile_of(t)
-            names = _candidates(t, call, prof, native_ok)
+            names = _candidates(t, call, prof, mpi_ok)
             learned = prof.learned.get("/".join(map(str, key[:4]))) if prof.world_size == t.size else None
             if st.tune and learned is None and not _measured_everywhere(prof, collective, names, t.size, nbytes):
                 tuner = t.tuners.put(key, Tuner(key, names, t.rank == 0 and st.info))
@@ -194,7 +194,7 @@ def choose(t: Any, call: Call) -> dict:
                 tuner = t.tuners.put(key, Tuner(key, names, t.rank == 0 and st.info, learned))
                 return tuner.pick()
             staged = 2 * nbytes * D2H_BETA if where and not t.aware else 0.0   # MPI's own on staged whole buffers
-            choice = _predicted_choice(t, call, prof, native_ok, staged)
+            choice = _predicted_choice(t, call, prof, mpi_ok, staged)
         choice.update(collective=collective, bytes=nbytes)
         t.choices.put(ckey, choice)
         if st.info and t.rank == 0:
@@ -251,8 +251,8 @@ def choose_request(view: Any, g: Any, call: Call, margins: Margins = Margins()) 
     ckey = (collective, call.count, call.itemsize, call.params, st.generation, view.on_device, margins.predicted)
     choice = g.request_choices.get(ckey)
     if choice is None:
-        native_ok = g.native_serves(call)
-        choice = _predicted_choice(view, call, profile_of(g), native_ok)
+        mpi_ok = g.mpi_serves(call)
+        choice = _predicted_choice(view, call, profile_of(g), mpi_ok)
         preds = choice["predicted_s"]
         ours = {a: s for a, s in preds.items() if a != "mpi"}
         if choice["algorithm"] == "mpi" and ours and margins.predicted * preds["mpi"] > min(ours.values()):
@@ -298,7 +298,7 @@ def _bucket(t: Any, call: Call) -> tuple:
 PRUNE = 3.0
 
 
-def _candidates(t: Any, call: Call, prof: Profile, native_ok: bool) -> list[str]:
+def _candidates(t: Any, call: Call, prof: Profile, mpi_ok: bool) -> list[str]:
     """MPI's own (when it can take the count) and every algorithm whose formula predicts at
     most PRUNE x the best formula's time under `prof`: the ones worth trying online."""
     collective = call.collective.name
@@ -307,7 +307,7 @@ def _candidates(t: Any, call: Call, prof: Profile, native_ok: bool) -> list[str]
              if not a.refuses(t, call)}
     known = [v for v in preds.values() if v is not None]
     best = min(known) if known else 0.0
-    return [a for a, v in preds.items() if (v is None and native_ok) or (v is not None and v <= PRUNE * best)]
+    return [a for a, v in preds.items() if (v is None and mpi_ok) or (v is not None and v <= PRUNE * best)]
 
 
 @dataclass

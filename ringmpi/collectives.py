@@ -6,8 +6,8 @@ here adds what the call path needs:
 
     prepare(edge, ...)      the API edge: validate the user's arguments, build the `Call`
     args(call) / invoke     the public function's arguments for a harness call / the call itself
-    again / direct          the fast path: a call on the very same arrays, MPI's own on them
-                            (which MPI function a Call is: the MPI transport's `own`)
+    again / mpi_plan        the fast path: a call on the very same arrays, MPI's own on them
+                            (which MPI function a Call is: the MPI transport's `mpi`)
 
 Adding a collective is its spec in `ringmpi/specs.py` and this subclass, plus a schedule
 module in `ringmpi/schedules/`.
@@ -73,7 +73,7 @@ class Collective(specs.Collective):
         prepare afresh: for collectives whose buffers are the user's arrays, flat."""
         return None
 
-    def direct(self, t: Any, call: Call, args: dict, choice: dict, slow: Any, tuner: Any = None) -> Any:
+    def mpi_plan(self, t: Any, call: Call, args: dict, choice: dict, slow: Any, tuner: Any = None) -> Any:
         """A fast-path plan calling MPI's own with the user's arrays as they are (see
         `api.send_recv_plan`), or None where this call shape needs the general path."""
         return None
@@ -115,7 +115,7 @@ class _Allreduce(Collective, specs.Allreduce):
     def args(self, call):
         return dict(sendbuf=call.send, recvbuf=call.recv, op=call.op)
 
-    def direct(self, t, call, args, choice, slow, tuner=None):
+    def mpi_plan(self, t, call, args, choice, slow, tuner=None):
         send = args["sendbuf"]
         return send_recv_plan(t, "Allreduce", call.op, None, send.dtype, "allreduce/mpi", choice, slow, tuner,
                               copy_in_place=send.nbytes <= _COPY_IN_PLACE)
@@ -141,7 +141,7 @@ class _ReduceScatter(Collective, specs.ReduceScatter):
     def args(self, call):
         return dict(sendbuf=call.send, recvbuf=call.send if call.inplace else call.recv, op=call.op, counts=None)
 
-    def direct(self, t, call, args, choice, slow, tuner=None):
+    def mpi_plan(self, t, call, args, choice, slow, tuner=None):
         if call.inplace or args.get("counts") is not None or not call.count or call.count % t.size:
             return None  # ringmpi's in-place result sits in block r, MPI's at the front
         return send_recv_plan(t, "Reduce_scatter_block", call.op, (call.count // t.size,), args["sendbuf"].dtype,
@@ -177,7 +177,7 @@ class _Allgather(Collective, specs.Allgather):
     def args(self, call):
         return dict(sendbuf=call.recv if call.inplace else call.send, recvbuf=call.recv, counts=None)
 
-    def direct(self, t, call, args, choice, slow, tuner=None):
+    def mpi_plan(self, t, call, args, choice, slow, tuner=None):
         if args.get("counts") is not None:
             return None
         return send_recv_plan(t, "Allgather", None, (call.count,), args["sendbuf"].dtype, "allgather/mpi", choice,
@@ -198,7 +198,7 @@ class _Broadcast(Collective, specs.Broadcast):
     def args(self, call):
         return dict(buf=call.recv, root=call.root, segments=call.param("segments"))
 
-    def direct(self, t, call, args, choice, slow, tuner=None):
+    def mpi_plan(self, t, call, args, choice, slow, tuner=None):
         root = call.root
         return call_plan(t, "Bcast", lambda buf, _: ((buf, root), buf), label(self, "mpi", call), choice, slow,
                          tuner)
@@ -223,11 +223,11 @@ class _Reduce(Collective, specs.Reduce):
     def args(self, call):
         return dict(sendbuf=call.send, recvbuf=call.recv, root=call.root, op=call.op)
 
-    def direct(self, t, call, args, choice, slow, tuner=None):
+    def mpi_plan(self, t, call, args, choice, slow, tuner=None):
         # as send_recv_plan's, with the root: a result only there (a new array, IN_PLACE, or
         # the user's, which must not overlap the send buffer), the send buffer alone elsewhere
         sendbuf = args["sendbuf"]
-        _, mpi_op, in_place, mpi_type = t.direct("Reduce", call.op, sendbuf.dtype)
+        _, mpi_op, in_place, mpi_type = t.mpi_function("Reduce", call.op, sendbuf.dtype)
         root, dtype = call.root, sendbuf.dtype
         may_share = np.may_share_memory
         if t.rank != root:
@@ -261,7 +261,7 @@ class _Alltoall(Collective, specs.Alltoall):
     def args(self, call):
         return dict(sendbuf=call.send, recvbuf=call.recv)
 
-    def direct(self, t, call, args, choice, slow, tuner=None):
+    def mpi_plan(self, t, call, args, choice, slow, tuner=None):
         return send_recv_plan(t, "Alltoall", None, None, args["sendbuf"].dtype, "alltoall/mpi", choice,
                               slow, tuner)
 
@@ -318,7 +318,7 @@ def _remembered(m: Memo, sendbuf: Any, recvbuf: Any, extra: Any, comm: Any, algo
 
 def _remember(m: Memo, plan: Any, sendbuf: Any, recvbuf: Any, extra: Any, comm: Any, algorithm: Any) -> None:
     """Keep this call in memo `m`, once it went through (a call the plan refused raised): a
-    direct plan's checks (overlap, layout) hold for these very arrays from now on, when
+    MPI plan's checks (overlap, layout) hold for these very arrays from now on, when
     neither is a view (`same_buffers`)."""
     same = getattr(plan, "same_buffers", None)
     if same is not None and not (recvbuf is None or recvbuf is sendbuf or (sendbuf.base is None and

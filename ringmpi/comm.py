@@ -15,7 +15,7 @@ The overridden calls are Allreduce, Reduce, Bcast, Allgather, Allgatherv (contig
 displacements), Alltoall, Reduce_scatter_block and Reduce_scatter; the nonblocking
 Iallreduce, Ireduce, Ibcast, Iallgather, Ialltoall, Ireduce_scatter_block (`_Request`) and
 the persistent Allreduce_init, Reduce_init, Bcast_init, Allgather_init, Alltoall_init,
-Reduce_scatter_block_init (`_Persistent`; `_NativePersistent`, MPI's own persistent request,
+Reduce_scatter_block_init (`_Persistent`; `_MPIPersistent`, MPI's own persistent request,
 where that serves them) run as ringmpi's requests. Each parses its buffer
 specifications as mpi4py does (`buf`, `[buf, type]`, `[buf, count, type]`,
 `[buf, (count, displ), type]`, `[buf, count, displ, type]`, `MPI.IN_PLACE` or None) into
@@ -280,7 +280,7 @@ class _Kept:
     communicator forget them: `_forget_kept`). The method's `Comm` override compares a
     call with them field by field, the common `[buf, count, type]` inline (no key built,
     nothing hashed), and calls MPI's own on the arguments as they are, with the stall
-    watch's bookkeeping of a direct plan (`refused`: a call whose argument mpi4py refuses
+    watch's bookkeeping of an MPI plan (`refused`: a call whose argument mpi4py refuses
     takes the full path, which explains or serves it). That comparison and bookkeeping are
     written out in each of `Comm.Bcast`, `Comm.Allreduce` and `_blocks_method`, not called:
     at a few bytes, one more Python frame is a tenth of mpi4py's whole call, and decides
@@ -339,7 +339,7 @@ class _Kept:
             return False
         return type(a) is not np.ndarray or type(b) is not np.ndarray or not _may_overlap(a, b)
 
-    def start(self, comm: "Comm", a: Any, b: Any, c: Any) -> "_NativeRequest | None":
+    def start(self, comm: "Comm", a: Any, b: Any, c: Any) -> "_MPIRequest | None":
         """MPI's own nonblocking `method(a, b[, c])` on arguments that fit, begun where the
         full path's request would be (its sequence number taken, the requests in flight
         advanced first); None: mpi4py refused the arguments, and the caller takes the full
@@ -355,7 +355,7 @@ class _Kept:
             return None
         except BaseException as err:   # (MPI's own error: the other ranks are told)
             raise t.failed(err, self.label, t.seq) from err
-        req = _NativeRequest(inner)
+        req = _MPIRequest(inner)
         req.kept, req.seq = self, t.seq
         self.calls += 1
         return req
@@ -375,7 +375,7 @@ class _Kept:
         raise raised from err
 
 
-class _NativeRequest(MPI.Request):
+class _MPIRequest(MPI.Request):
     """What a kept nonblocking call returns (`_Kept.start`): the library's own request for
     MPI's own collective, begun on the caller's specifications as they are, as plain
     mpi4py would (the drop-in's other requests are generalized requests that ringmpi
@@ -766,7 +766,7 @@ class Comm(MPI.Intracomm):
         return True
 
     # -- buffer specifications MPI reads as they are: the decision kept, the parsing skipped --
-    def _note(self, method: str, key: tuple, native: bool | None = None) -> bool:
+    def _note(self, method: str, key: tuple, mpi: bool | None = None) -> bool:
         """If the call just served ran MPI's own collective as ringmpi's choice for its shape
         (auto settled on it, or it was asked for), the next calls with the same buffer forms
         (`_forms`: [buf, count, type] over bytes-like memory or a bare array, the same count,
@@ -780,11 +780,11 @@ class Comm(MPI.Intracomm):
         if st.check or st.debug == "TRACE":   # (every call compared across ranks, or logged: as plans)
             return False
         t = self._transport()
-        if native is None:   # (a blocking call: ringmpi's last choice on this communicator)
+        if mpi is None:   # (a blocking call: ringmpi's last choice on this communicator)
             choice = t.last_choice or {}
             tuner = choice.get("tuner")
-            native = choice.get("algorithm") == "mpi" and (tuner is None or tuner.winner == "mpi")
-        if native:
+            mpi = choice.get("algorithm") == "mpi" and (tuner is None or tuner.winner == "mpi")
+        if mpi:
             attribute = _KEPT_METHODS[method]
             old = getattr(self, attribute)
             if old is not None:
@@ -822,10 +822,10 @@ class Comm(MPI.Intracomm):
             return _Persistent.make(self, served, self._alg(served.collective))
         req = _Request.make(self, served, self._alg(served.collective))
         if key is not None and served.then is None:
-            self._note(method, key, native=req._ring.posted)
+            self._note(method, key, mpi=req._ring.posted)
         return req
 
-    def _kept_start(self, kept: "_Kept | None", a: Any, b: Any, c: Any, extra: Any) -> "_NativeRequest | None":
+    def _kept_start(self, kept: "_Kept | None", a: Any, b: Any, c: Any, extra: Any) -> "_MPIRequest | None":
         """A nonblocking call `method(a, b[, c])` that fits its method's kept forms (`b` the
         second buffer, or a one-buffer call's root), begun as MPI's own (`_Kept.start`);
         None: the full path."""
@@ -1110,7 +1110,7 @@ class _Persistent(MPI.Prequest):
     request variable; MPI's waits write MPI_REQUEST_NULL there when it completes.)
     `MPI.Prequest.Startall` cannot begin ringmpi's call: MPI refuses the null or
     generalized request it finds. Where MPI's own persistent collective serves the call,
-    `make` returns that MPI request itself (`_NativePersistent`), which Startall takes too."""
+    `make` returns that MPI request itself (`_MPIPersistent`), which Startall takes too."""
     _ring: Any = None
     _then: Any = None
     _current: Any = None    # this start's generalized request (None between a completion and the next start)
@@ -1120,8 +1120,8 @@ class _Persistent(MPI.Prequest):
         req = cls()
         ring = request(_c.SPECS[served.collective], comm, algorithm, served.args, persistent=True,
                        on_done=req._done, margins=AS_ASKED, bare=served.then is None)
-        if ring.native is not None:
-            return _NativePersistent.of(ring)
+        if ring.mpi is not None:
+            return _MPIPersistent.of(ring)
         req._ring, req._then = ring, served.then
         return req
 
@@ -1171,23 +1171,23 @@ def _hold(req: MPI.Request, other: MPI.Request) -> None:
     ctypes.memmove(MPI._addressof(req), MPI._addressof(other), MPI._sizeof(MPI.Request))
 
 
-class _NativePersistent(_NativeRequest, MPI.Prequest):
+class _MPIPersistent(_MPIRequest, MPI.Prequest):
     """What a drop-in persistent call returns where MPI's own persistent collective serves
-    it (`requests.Persistent.native`; the drop-in's op is never AVG, so nothing follows its
+    it (`requests.Persistent.mpi`; the drop-in's op is never AVG, so nothing follows its
     completion): that MPI request itself, so that `MPI.Prequest.Startall`,
     `MPI.Request.Waitall` and the like take it as they take any of mpi4py's (a ringmpi
     persistent request behind it would be a null request to them: `_Persistent`). Its
     `Start` takes the call's sequence number, as the ringmpi request's start did; `Wait` and
-    `Test` are `_NativeRequest`'s."""
+    `Test` are `_MPIRequest`'s."""
     __slots__ = ()
 
     @classmethod
-    def of(cls, ring: Any) -> "_NativePersistent":
-        req = cls(ring.native)
+    def of(cls, ring: Any) -> "_MPIPersistent":
+        req = cls(ring.mpi)
         # (the handle is this object's now, its Free frees it; ringmpi's request, whose call
         # holds the arrays MPI was given, is kept with it: mpi4py's request does not hold them)
         req.kept = _Named(ring.group, ring.label, ring)
-        ring.native, ring.freed = None, True
+        ring.mpi, ring.freed = None, True
         return req
 
     def Start(self) -> None:
@@ -1204,7 +1204,7 @@ class _NativePersistent(_NativeRequest, MPI.Prequest):
 
 class _Named(NamedTuple):
     """The transport and the label of a call MPI's own persistent request serves, and
-    ringmpi's persistent request that bound it (`_NativePersistent.kept`)."""
+    ringmpi's persistent request that bound it (`_MPIPersistent.kept`)."""
     transport: Any
     label: str
     held: Any

@@ -339,7 +339,7 @@ class DeviceGroup(CountedMemory, PrivateMemory, ReceiveThenReduce):
         self.parent.profile = prof
 
     #: the communicator's control plane, used as it is: agreement, limits, layout
-    _PARENT = frozenset({"bcast_obj", "allreduce_max", "native_serves", "nodes", "max_count"})
+    _PARENT = frozenset({"bcast_obj", "allreduce_max", "mpi_serves", "nodes", "max_count"})
 
     def __getattr__(self, name: str) -> Any:
         if name in DeviceGroup._PARENT:
@@ -463,14 +463,14 @@ class DeviceGroup(CountedMemory, PrivateMemory, ReceiveThenReduce):
         self.backend.d2h(buf, out.view(np.uint8)).synchronize()
         return out
 
-    def native(self, call: Any) -> None:
+    def mpi(self, call: Any) -> None:
         """The MPI library's own collective on device buffers: straight when the MPI reads
         device memory (and its NaN rule does not need the host), else the whole buffers
         staged through the host around it (what mpi4jax and others do)."""
         nan_rule = call.op in ("MAX", "MIN") and call.dtype.kind == "f"
         self.backend.ready()
         if self.aware and not nan_rule:
-            self.parent.own(call, self)    # its scratch and copies on the device, its MPI call on ours
+            self.parent.mpi_through(call, self)    # its scratch and copies on the device, its MPI call on ours
             return
         bufs = [b for b in (call.send, call.recv) if b is not None]
         if call.inplace:    # one buffer, the other a view of it (or itself): one host copy of the larger
@@ -483,14 +483,14 @@ class DeviceGroup(CountedMemory, PrivateMemory, ReceiveThenReduce):
             send = self._host_copy(call.send)
             recv = self._whole(1, call.recv.size, call.recv.dtype) if call.recv is not None else None
             out, target = recv, call.recv
-        self.parent.native(call._replace(send=send, recv=recv))
+        self.parent.mpi(call._replace(send=send, recv=recv))
         if target is not None and out.size:
             self.staged_bytes += out.nbytes
             self.backend.h2d(out.view(np.uint8), target).synchronize()
 
-    def library(self, function: str, *args: Any) -> None:
+    def mpi_call(self, function: str, *args: Any) -> None:
         """The library's own collective with device buffers (CUDA-aware MPI only)."""
-        self.parent.library(function, *args)
+        self.parent.mpi_call(function, *args)
 
 
 def _same_view(host: np.ndarray, dev: Any, view: Any) -> np.ndarray:

@@ -3,7 +3,7 @@
 `MPITransport` implements `ringmpi.transport.Group` over one intracommunicator: the data
 plane the schedules use (`sendrecv`: one MPI_Sendrecv, a side that is None being
 MPI_PROC_NULL; `exchange`: Isend/Irecv then one Waitall; `empty`/`copy`/`combine` through
-the array backend and the scratch pool; `native`: the library's own collective), and the
+the array backend and the scratch pool; `mpi`: the library's own collective), and the
 per-communicator state the layers above keep on it (profile, choice cache, last choice,
 the call in flight for the stall inspector).
 
@@ -24,7 +24,7 @@ reductions (`comm.allreduce(obj)`) duplicate the communicator with the GIL held 
 (mpi4py issue 784), which froze a process whose two threads set up two communicators at
 once; host discovery therefore uses buffer collectives, which release it.
 
-The MPI library's own collectives are called through `library`, which also makes them
+The MPI library's own collectives are called through `mpi_call`, which also makes them
 follow ringmpi's rules: above the C-int count limit the element-wise ones (all-reduce,
 reduce, broadcast) are cut into pieces, and MAX/MIN on floating types propagate NaN (MPI
 libraries compare with `a > b ? a : b`, which drops or keeps a NaN depending on operand
@@ -217,18 +217,18 @@ class _Wire(CountedMemory, PrivateMemory, ReceiveThenReduce):
         return self.pool.take(n, dtype)
 
     # -- the MPI library's own collectives ----------------------------------------------
-    def native(self, call: Any) -> None:
-        """The library's own collective for `call` (`own`)."""
-        self.own(call, self)
+    def mpi(self, call: Any) -> None:
+        """The library's own collective for `call` (`mpi_through`)."""
+        self.mpi_through(call, self)
 
     @staticmethod
-    def own(call: Any, through: Any) -> None:
-        """MPI's own collective for `call`: which library function it is (`_OWN`), called
-        through `through.library` (this transport, a request's, or a device group's, whose
+    def mpi_through(call: Any, through: Any) -> None:
+        """MPI's own collective for `call`: which library function it is (`_MPI_FUNCTIONS`), called
+        through `through.mpi_call` (this transport, a request's, or a device group's, whose
         scratch and copies are on the device)."""
-        _OWN[call.collective.name](through, call)
+        _MPI_FUNCTIONS[call.collective.name](through, call)
 
-    def library(self, function: str, *args: Any) -> None:
+    def mpi_call(self, function: str, *args: Any) -> None:
         """Call communicator method `function` (e.g. "Allreduce") with ringmpi's arguments
         (arrays, IN_PLACE, op names), following ringmpi's rules for counts and NaN."""
         given = _given(args)
@@ -242,7 +242,7 @@ class _Wire(CountedMemory, PrivateMemory, ReceiveThenReduce):
             return
         self._invoke(function, given)
 
-    def native_serves(self, call: Any) -> bool:
+    def mpi_serves(self, call: Any) -> bool:
         """Whether the library's own collective can take `call`: its counts are C ints, but
         an element-wise one is cut into pieces (`_in_pieces`)."""
         return call.collective.name in _CUT or call.count <= self.max_count
@@ -268,13 +268,13 @@ class _Wire(CountedMemory, PrivateMemory, ReceiveThenReduce):
             log(f"{function} of {n} elements: above the MPI count limit {self.max_count}, "
                       f"called in {-(-n // self.max_count)} pieces")
         for lo in range(0, n, self.max_count):
-            self.library(function, *(a[lo:lo + self.max_count] if isinstance(a, np.ndarray) else a for a in args))
+            self.mpi_call(function, *(a[lo:lo + self.max_count] if isinstance(a, np.ndarray) else a for a in args))
 
     def _nan_propagating(self, function: str, args: tuple, op: str) -> None:
         """MAX/MIN of floats as the library's MAX/MIN of integer keys that order like the
         floats, NaN (made canonical) being the largest key for MAX and the smallest for MIN."""
         keyed = [_float_keys(self, a, op) if isinstance(a, np.ndarray) else a for a in args]
-        self.library(function, *keyed)
+        self.mpi_call(function, *keyed)
         arrays = [i for i, a in enumerate(args) if isinstance(a, np.ndarray)]
         if any(a is IN_PLACE for a in args) or len(arrays) > 1:  # the last buffer is the result (not on a reduce's non-root)
             _from_keys(keyed[arrays[-1]], args[arrays[-1]])
@@ -576,7 +576,7 @@ class MPITransport(_Wire):
             self.busy = busy
         return arr.tolist()
 
-    def direct(self, function: str, op: str | None = None, dtype: Any = None) -> tuple[Any, Any, Any, Any]:
+    def mpi_function(self, function: str, op: str | None = None, dtype: Any = None) -> tuple[Any, Any, Any, Any]:
         """(the library's communicator method, its op object, its IN_PLACE, the MPI datatype
         of `dtype`) for the fast path's plans, which call MPI with the user's arrays as they
         are. A buffer given as (array, datatype) costs mpi4py less than a bare array (it
@@ -721,26 +721,26 @@ class RequestView(_Wire):
 
     def post(self, call: Any) -> None:
         """Post MPI's own nonblocking collective for `call` without suspending (a call that
-        is one library call: `api._one_library_call`, so none of `library`'s special cases
+        is one library call: `api._one_mpi_call`, so none of `mpi_call`'s special cases
         applies); `pending` holds its request."""
         self.posting = True
         try:
-            self.native(call)
+            self.mpi(call)
         finally:
             self.posting = False
 
-    def library(self, function: str, *args: Any) -> None:
+    def mpi_call(self, function: str, *args: Any) -> None:
         if self.posting:   # (see `post`)
             self._invoke(function, _given(args))
             return
-        super().library(function, *args)
+        super().mpi_call(function, *args)
 
     def bind(self, call: Any) -> Any:
         """MPI's own persistent collective for `call` (MPI-4: MPI_Allreduce_init, ...),
         inactive; None where the library or mpi4py has none."""
         self.binding = True
         try:
-            self.native(call)
+            self.mpi(call)
         except (AttributeError, NotImplementedError, MPI.Exception):
             return None
         finally:
@@ -752,13 +752,13 @@ class RequestView(_Wire):
         """The request's body raised (see `MPITransport.failed`): its own call is named."""
         return self.group.failed(err, self.label, self.seq)
 
-    def again(self, label: str, own: bool = False) -> None:
+    def again(self, label: str, mpi: bool = False) -> None:
         """A persistent request starts again: the next sequence number and tag, scratch reset
-        (`own`: a call that is one of MPI's own collectives, which uses neither)."""
+        (`mpi`: a call that is one of MPI's own collectives, which uses neither)."""
         g = self.group
         g.seq += 1
         self.seq, self.label = g.seq, label
-        if own:
+        if mpi:
             return
         self.tag = _tag(g.seq, label, g._tags)
         if self.pool is None:
@@ -927,43 +927,43 @@ _NONBLOCKING = _Nonblocking()
 
 # -- MPI's own collective for a Call: which library function, with which arguments ----------
 def _allreduce(t: Any, call: Any) -> None:
-    t.library("Allreduce", IN_PLACE if call.inplace else call.send, call.recv, call.op)
+    t.mpi_call("Allreduce", IN_PLACE if call.inplace else call.send, call.recv, call.op)
 
 
 def _reduce_scatter(t: Any, call: Any) -> None:
     # MPI's in-place form leaves the result at the front of the buffer, ours at block r;
     # an empty block still carries the buffer's address, which MPICH rejects as aliased.
     alias = call.inplace or (call.recv.size == 0 and call.send.size > 0)
-    if not alias and call.count and len(set(call.counts)) == 1:   # what the plan calls (`Collective.direct`)
-        t.library("Reduce_scatter_block", call.send, call.recv, call.op)
+    if not alias and call.count and len(set(call.counts)) == 1:   # what the plan calls (`Collective.mpi_plan`)
+        t.mpi_call("Reduce_scatter_block", call.send, call.recv, call.op)
         return
     out = t.empty(call.recv.size, call.dtype) if alias else call.recv
-    t.library("Reduce_scatter", call.send, out, list(call.counts), call.op)
+    t.mpi_call("Reduce_scatter", call.send, out, list(call.counts), call.op)
     if out is not call.recv:
         t.copy(out, call.recv)
 
 
 def _allgather(t: Any, call: Any) -> None:
     if len(set(call.counts)) == 1:   # what the plan calls: a rank on the full path meets the others
-        t.library("Allgather", IN_PLACE if call.inplace else call.send, call.recv)
+        t.mpi_call("Allgather", IN_PLACE if call.inplace else call.send, call.recv)
         return
     displs = offsets(call.counts)[:-1]
-    t.library("Allgatherv", IN_PLACE if call.inplace else call.send, [call.recv, (list(call.counts), displs)])
+    t.mpi_call("Allgatherv", IN_PLACE if call.inplace else call.send, [call.recv, (list(call.counts), displs)])
 
 
 def _broadcast(t: Any, call: Any) -> None:
-    t.library("Bcast", call.recv, call.root)
+    t.mpi_call("Bcast", call.recv, call.root)
 
 
 def _reduce(t: Any, call: Any) -> None:
-    t.library("Reduce", IN_PLACE if call.inplace else call.send, call.recv, call.op, call.root)
+    t.mpi_call("Reduce", IN_PLACE if call.inplace else call.send, call.recv, call.op, call.root)
 
 
 def _alltoall(t: Any, call: Any) -> None:
-    t.library("Alltoall", IN_PLACE if call.inplace else call.send, call.recv)
+    t.mpi_call("Alltoall", IN_PLACE if call.inplace else call.send, call.recv)
 
 
-_OWN = {"allreduce": _allreduce, "reduce_scatter": _reduce_scatter, "allgather": _allgather,
+_MPI_FUNCTIONS = {"allreduce": _allreduce, "reduce_scatter": _reduce_scatter, "allgather": _allgather,
         "broadcast": _broadcast, "reduce": _reduce, "alltoall": _alltoall}
 
 _SALTS = 251                 # (prime) labels per sequence number in the tag space

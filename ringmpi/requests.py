@@ -133,29 +133,29 @@ class Persistent:
     checked, algorithm chosen and tunables set once; `start()` begins one call, `wait()`
     completes it and returns its result, as many times as wanted; `free()` when done. Every
     start is a collective call: the ranks start their persistent requests in the same order.
-    Where MPI's own collective serves it as one call, `native` is the library's persistent
+    Where MPI's own collective serves it as one call, `mpi` is the library's persistent
     request itself and a start and a wait are its MPI_Start and MPI_Wait."""
     label: str
     group: Any
     launch: Callable[["Persistent"], Request] | None   # begins one call of the bound collective
     request: Request | None = None                       # the call of the last start
     freed: bool = False
-    native: Any = None                                   # MPI's own persistent request, where it serves
-    finish: Callable[[], Any] | None = None              # (native) after each completion: the result
-    active: bool = False                                 # (native) started, not yet waited for
-    seq: int = 0                                         # (native) the last start's call number
+    mpi: Any = None                                      # MPI's own persistent request, where it serves
+    finish: Callable[[], Any] | None = None              # (mpi) after each completion: the result
+    active: bool = False                                 # (mpi) started, not yet waited for
+    seq: int = 0                                         # (mpi) the last start's call number
     bound: Any = None                                    # what its starts run (`api._Bound`)
     #: a nonblocking call's, kept for the next call on the same arrays: it forgets its call
     #: once waited for (the call's result is the caller's buffer: nothing kept holds it)
     transient: bool = False
 
     def start(self) -> "Persistent":
-        if self.native is not None and not self.active:
+        if self.mpi is not None and not self.active:
             g = self.group
             g.seq += 1
             self.seq = g.seq
             try:
-                self.native.Start()
+                self.mpi.Start()
             except Exception as err:   # noqa: BLE001 (MPI's error: the other ranks are told)
                 _raise_failed(g, err, self.label, self.seq)
             self.active = True
@@ -169,11 +169,11 @@ class Persistent:
         return self
 
     def test(self) -> bool:
-        if self.native is not None:
+        if self.mpi is not None:
             if not self.active:
                 return True
             try:
-                return self.native.Test() and self._done()
+                return self.mpi.Test() and self._done()
             except Exception as err:   # noqa: BLE001
                 self.active = False
                 _raise_failed(self.group, err, self.label, self.seq)
@@ -181,11 +181,11 @@ class Persistent:
 
     def wait(self) -> Any:
         """The result of the last start's call (None when never started)."""
-        if self.native is not None:
+        if self.mpi is not None:
             if self.active:
                 before = self.group.waiting(self.label, self.seq)
                 try:
-                    self.native.Wait()
+                    self.mpi.Wait()
                 except Exception as err:   # noqa: BLE001 (an interrupt leaves the call in flight)
                     self.active = False
                     _raise_failed(self.group, err, self.label, self.seq)
@@ -203,9 +203,9 @@ class Persistent:
         if self.active or self.request is not None and not self.request.done:
             raise ValueError(f"ringmpi: persistent {self.label} freed while its call is in flight; wait() first")
         self.freed = True
-        if self.native is not None:
-            self.native.Free()
-            self.native = None
+        if self.mpi is not None:
+            self.mpi.Free()
+            self.mpi = None
 
     def __enter__(self) -> "Persistent":
         return self

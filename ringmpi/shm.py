@@ -102,7 +102,7 @@ class SharedTransport(CountedMemory):
 
     `group` is the MPI transport of the same ranks: it carries the collective set-up (segment
     names), the call bracket (sequence number, stall watch) and anything this transport does
-    not do itself (`native`)."""
+    not do itself (`mpi`)."""
 
     on_device = False
     nonblocking = False
@@ -439,8 +439,8 @@ class SharedTransport(CountedMemory):
         for dest in dests:
             self._delivered(dest)
 
-    def native(self, call: Any) -> None:
-        self.group.native(call)
+    def mpi(self, call: Any) -> None:
+        self.group.mpi(call)
 
     def _release_ctl(self) -> None:
         for words in getattr(self, "ctl", []):

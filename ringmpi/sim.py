@@ -333,13 +333,13 @@ class VirtualRank(ReceiveThenReduce):
         place is beyond the smallest node's size) as sub-groups."""
         return split_nodes(self, self.cluster.nodes)
 
-    def native(self, call) -> None:
+    def mpi(self, call) -> None:
         """The MPI library's own collective is opaque: the simulator runs the algorithm the
-        collective's spec names as its stand-in (`Collective.simulated_native`): its body,
+        collective's spec names as its stand-in (`Collective.simulated_mpi`): its body,
         as MPI's own collective is the body of "mpi" (the division of AVG and a 16-bit
         float's widening are `Algorithm.run`'s, once, around it)."""
         spec = call.collective
-        get(spec.name, spec.simulated_native).body(self, call)
+        get(spec.name, spec.simulated_mpi).body(self, call)
 
     @property
     def reduced_bytes(self) -> int:

@@ -5,7 +5,7 @@
     make(rank, p, x, ...)   a harness call (simulator, benchmark, demo) from this rank's input x
     expected(xs, rank, ..)  the exact result on `rank` from every rank's input (numpy)
     output / shown          what a harness call returns / what the simulator's tables print
-    simulated_native        the algorithm the simulator runs for MPI's own (opaque) collective
+    simulated_mpi        the algorithm the simulator runs for MPI's own (opaque) collective
 
 The spec knows nothing of MPI, of the user's arguments or of the call path, so the
 simulator, the model's tools and the benchmark's harness stand on it below the API. What
@@ -68,7 +68,7 @@ class Collective:
     rooted = False           # has a root argument
     per_rank = False         # nccl-tests: the count column is per rank (size = count x nranks)
     busbw = "1"              # nccl-tests' bus bandwidth factor, as printed
-    simulated_native = ""    # the algorithm the simulator runs for "mpi" (the library's choice is opaque)
+    simulated_mpi = ""    # the algorithm the simulator runs for "mpi" (the library's choice is opaque)
     taught = ""              # the algorithm the lecture's tables show
     has_out_of_place = True
 
@@ -105,7 +105,7 @@ class Collective:
 
 
 class Allreduce(Collective):
-    name, reduces, busbw, simulated_native, taught = "allreduce", True, "2(n-1)/n", "rabenseifner", "ring"
+    name, reduces, busbw, simulated_mpi, taught = "allreduce", True, "2(n-1)/n", "rabenseifner", "ring"
 
     def busbw_factor(self, p):
         return 2 * (p - 1) / p
@@ -120,7 +120,7 @@ class Allreduce(Collective):
 
 
 class ReduceScatter(Collective):
-    name, reduces, per_rank, busbw, simulated_native, taught = \
+    name, reduces, per_rank, busbw, simulated_mpi, taught = \
         "reduce_scatter", True, True, "(n-1)/n", "ring", "ring"
 
     def busbw_factor(self, p):
@@ -145,7 +145,7 @@ class ReduceScatter(Collective):
 
 
 class Allgather(Collective):
-    name, per_rank, busbw, simulated_native, taught = "allgather", True, "(n-1)/n", "recursive_doubling", "ring"
+    name, per_rank, busbw, simulated_mpi, taught = "allgather", True, "(n-1)/n", "recursive_doubling", "ring"
 
     def busbw_factor(self, p):
         return (p - 1) / p
@@ -164,7 +164,7 @@ class Allgather(Collective):
 
 
 class Broadcast(Collective):
-    name, rooted, simulated_native, taught, has_out_of_place = "broadcast", True, "tree", "pipeline", False
+    name, rooted, simulated_mpi, taught, has_out_of_place = "broadcast", True, "tree", "pipeline", False
 
     def make(self, rank, p, x, *, op=None, root=0, inplace=True):
         buf = x.copy() if rank == root else blank(x.size, x)
@@ -175,7 +175,7 @@ class Broadcast(Collective):
 
 
 class Reduce(Collective):
-    name, reduces, rooted, simulated_native, taught = "reduce", True, True, "tree", "ring"
+    name, reduces, rooted, simulated_mpi, taught = "reduce", True, True, "tree", "ring"
 
     def make(self, rank, p, x, *, op=None, root=0, inplace=False):
         send = x.copy()
@@ -187,7 +187,7 @@ class Reduce(Collective):
 
 
 class Alltoall(Collective):
-    name, busbw, simulated_native, taught = "alltoall", "(n-1)/n", "pairwise", "pairwise"
+    name, busbw, simulated_mpi, taught = "alltoall", "(n-1)/n", "pairwise", "pairwise"
 
     def busbw_factor(self, p):
         return (p - 1) / p

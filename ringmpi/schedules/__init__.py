@@ -7,7 +7,7 @@ Next to each body its module registers `cost(p, count, itemsize, **params) -> Co
 alpha-beta-gamma formula of exactly that code) and, where the algorithm has a knob,
 `tune(p, count, itemsize, profile) -> params` (the pipeline's segment count). Modules in
 this package are found and loaded on first use: adding an algorithm is adding a module.
-Every collective also has `mpi`, the MPI library's own (`Transport.native`).
+Every collective also has `mpi`, the MPI library's own (`Transport.mpi`).
 
 Two call parameters concern the arithmetic rather than an algorithm (`ringmpi.collectives`
 sets them): `partials`, the bytes of a 16-bit float's partial sums (4: float32, 2: 16-bit
@@ -32,7 +32,7 @@ from ..transport import Transport
 __all__ = ["Algorithm", "register", "get", "names", "collectives", "block_counts", "offsets",
            "cdiv", "lg", "binomial"]
 
-NATIVE = "mpi"
+MPI_ALGORITHM = "mpi"
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class Algorithm:
         any reduction of a 16-bit float."""
         if call.op is None or not is_half(call.dtype):
             return False
-        if self.name == NATIVE:
+        if self.name == MPI_ALGORITHM:
             return True
         return call.op in ROUNDING and call.wide_partials and not self.mixed
 
@@ -151,8 +151,8 @@ def register(collective: str, name: str, cost: Callable[..., Cost] | None = None
     return deco
 
 
-def _native(t: Transport, call: Call) -> None:
-    t.native(call)
+def _mpi(t: Transport, call: Call) -> None:
+    t.mpi(call)
 
 
 def _load() -> None:
@@ -167,7 +167,7 @@ def _load() -> None:
         for mod in pkgutil.iter_modules(__path__):
             importlib.import_module(f"{__name__}.{mod.name}")
         for coll in dict.fromkeys(c for c, _ in list(_REGISTRY)):
-            _REGISTRY.setdefault((coll, NATIVE), Algorithm(coll, NATIVE, _native))
+            _REGISTRY.setdefault((coll, MPI_ALGORITHM), Algorithm(coll, MPI_ALGORITHM, _mpi))
         _LOADED.set()
 
 
@@ -189,10 +189,10 @@ def get(collective: str, name: str) -> Algorithm:
 def names(collective: str) -> list[str]:
     """The algorithms of `collective`, MPI's own last."""
     _load()
-    found = [n for (c, n) in _REGISTRY if c == collective and n != NATIVE]
+    found = [n for (c, n) in _REGISTRY if c == collective and n != MPI_ALGORITHM]
     if not found:
         raise ValueError(f"unknown collective {collective!r}; expected one of {', '.join(collectives())}")
-    return found + [NATIVE]
+    return found + [MPI_ALGORITHM]
 
 
 def binomial(v: int, p: int) -> tuple[int | None, list[int]]:

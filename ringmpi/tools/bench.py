@@ -502,7 +502,7 @@ def _api_overhead(t: Any, o: Options) -> list[dict]:
     result buffer), and the mpi4py drop-in's `ringmpi.Comm(COMM_WORLD).Allreduce(x, y,
     op=MPI.SUM)`, against mpi4py's own `comm.Allreduce(x, y, op=MPI.SUM)`, float32."""
     from ..comm import Comm   # imports mpi4py, which is running already
-    fn, op, *_ = t.direct("Allreduce", "SUM")
+    fn, op, *_ = t.mpi_function("Allreduce", "SUM")
     wrapped = Comm(t.user_comm).Allreduce
     allreduce = _collectives.allreduce
     out = []

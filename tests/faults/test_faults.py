@@ -646,7 +646,7 @@ DROP_IN_REQUEST_SKIPPED = """
 c = ringmpi.Comm(W, allreduce="mpi")
 x, y = np.ones(4), np.empty(4)
 for _ in range(3):
-    c.Iallreduce(x, y).Wait()   # from the second call: MPI's own request (`comm._NativeRequest`)
+    c.Iallreduce(x, y).Wait()   # from the second call: MPI's own request (`comm._MPIRequest`)
 q = c.Iallreduce(x, y)
 say("kept", type(q).__name__)
 q.Wait()
@@ -665,7 +665,7 @@ def test_a_drop_in_request_a_rank_never_started_ends_at_the_deadline_naming_it(t
     ringmpi request's is."""
     rc, out, secs = job(tmp_path, DROP_IN_REQUEST_SKIPPED, env={"RINGMPI_STALL_ABORT": "5"})
     assert rc not in (0, 124) and secs < 20, (rc, secs, out)
-    assert out.count("kept _NativeRequest") == 3, out
+    assert out.count("kept _MPIRequest") == 3, out
     assert "aborting the job (RINGMPI_STALL_ABORT=5)" in out, out
     assert re.search(r"rank [02] of 3 has waited \d+ s in allreduce/mpi \(ranks \[1\] have not arrived\)", out), out
 

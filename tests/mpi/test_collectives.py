@@ -264,7 +264,7 @@ def test_platform_integer_aliases():
 
 def test_equal_dtypes_mpi4py_names_differently_mix():
     """'l' and 'q' (both int64 on LP64) are one MPI datatype for ringmpi: mixed in one call
-    and across ranks (even ranks 'l', odd 'q'), through the fast path's direct MPI call
+    and across ranks (even ranks 'l', odd 'q'), through the fast path's MPI plan
     and ringmpi's own, repeated so that the plans serve them."""
     mine, other = ("l", "q") if R % 2 == 0 else ("q", "l")
     x = np.arange(6, dtype=mine) + R

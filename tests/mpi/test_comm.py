@@ -401,7 +401,7 @@ def test_kept_forms_end_with_the_plans_and_at_a_refusal():
 def test_repeated_nonblocking_calls_pass_to_mpi_as_they_are(rng):
     """The drop-in's nonblocking calls with MPI's own chosen: after the first call of a
     buffer form, the next begin MPI's own request on the caller's specifications as they
-    are (`_NativeRequest`, an MPI request), in numpy and in mpi4py's demo style. Completed
+    are (`_MPIRequest`, an MPI request), in numpy and in mpi4py's demo style. Completed
     by their own Wait in reverse order, by polling Test, and by MPI.Request.Waitall beside
     a plain mpi4py request; every result is mpi4py's own, and the plans forgotten retire
     the forms."""
@@ -444,9 +444,9 @@ def test_repeated_nonblocking_calls_pass_to_mpi_as_they_are(rng):
         assert np.array_equal(whole, ref) and recv.tolist() == [10 * q + R for q in range(P)], i
         if i % 6 and P > 1:   # (a form is kept at its first call, and after the plans are forgotten;
             # one rank's calls are local copies, not MPI's)
-            assert all(isinstance(r, dropin._NativeRequest) for r in reqs), [type(r) for r in reqs]
+            assert all(isinstance(r, dropin._MPIRequest) for r in reqs), [type(r) for r in reqs]
         else:
-            assert not any(isinstance(r, dropin._NativeRequest) for r in reqs), [type(r) for r in reqs]
+            assert not any(isinstance(r, dropin._MPIRequest) for r in reqs), [type(r) for r in reqs]
 
 
 def test_the_drop_in_s_requests_run_mpi_s_own_where_blocking_calls_measured_it_fastest(rng):
@@ -485,7 +485,7 @@ def test_the_drop_in_s_requests_run_mpi_s_own_where_blocking_calls_measured_it_f
             if i == 0:
                 assert isinstance(req, dropin._Request) and req._ring.label == "allreduce/mpi", req
             else:
-                assert isinstance(req, dropin._NativeRequest), type(req)
+                assert isinstance(req, dropin._MPIRequest), type(req)
             req.Wait()
             assert np.array_equal(got, want), i
     finally:

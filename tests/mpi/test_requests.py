@@ -272,11 +272,11 @@ def test_drop_in_persistent_calls_complete_in_mpi_s_waits(algorithm, rng):
     except NotImplementedError:   # (an MPI without persistent collectives, Open MPI 4: ringmpi's serve them all)
         theirs = []
     mpi4 = bool(theirs)
-    native = algorithm == "mpi" and P > 1 and mpi4
-    comm = ringmpi.Comm(COMM, allreduce=algorithm, broadcast="mpi" if native else "pipeline", allgather=algorithm)
+    mpi = algorithm == "mpi" and P > 1 and mpi4
+    comm = ringmpi.Comm(COMM, allreduce=algorithm, broadcast="mpi" if mpi else "pipeline", allgather=algorithm)
     ours = [comm.Allreduce_init(x, y, op=MPI.SUM), comm.Bcast_init(b, root=ROOT), comm.Allgather_init(part, g)]
-    assert all(isinstance(q, dropin._NativePersistent if native else dropin._Persistent) for q in ours), ours
-    if not native:
+    assert all(isinstance(q, dropin._MPIPersistent if mpi else dropin._Persistent) for q in ours), ours
+    if not mpi:
         with pytest.raises(MPI.Exception):
             MPI.Prequest.Startall(ours[:1])
     for i in range(4):
@@ -286,7 +286,7 @@ def test_drop_in_persistent_calls_complete_in_mpi_s_waits(algorithm, rng):
             b[:] = i + 1
         if not mpi4:
             COMM.Allreduce(x, z)
-        if native and i % 2 == 0:
+        if mpi and i % 2 == 0:
             MPI.Prequest.Startall([*ours, *theirs])
         else:
             for q in [*ours, *theirs]:

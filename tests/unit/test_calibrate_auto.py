@@ -64,7 +64,7 @@ def fake_transport(prof, size=4, other=None):
     """The per-communicator state auto keeps (a transport's profile, choices and tuners);
     `other(values)` is another rank's contribution to online tuning's MAX exchanges."""
     t = types.SimpleNamespace(rank=0, size=size, nodes=[0] * size, profile=None, choices=LRU(8), tuners=LRU(8),
-                              on_device=False, nonblocking=False, native_serves=lambda call: True,
+                              on_device=False, nonblocking=False, mpi_serves=lambda call: True,
                               allreduce_max=lambda v: [max(a, b) for a, b in zip(v, other(v))] if other else v)
     auto.set_profile(t, prof)
     return t
