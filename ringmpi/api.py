@@ -299,9 +299,7 @@ def execute(spec: Any, comm: Any, algorithm: Any, args: dict, key: tuple | None 
         e.fail(str(err))
     problem = None
     try:
-        call, result = spec.prepare(e, **args)
-        if not isinstance(algorithm, str):
-            e.fail(f"algorithm must be a name, got {algorithm!r}")
+        call, result = _prepare(spec, e, algorithm, args)
     except RingmpiUsageError as err:
         if _stands_in(t, err):
             _stand_in(spec, comm, planned or algorithm, args, err)
@@ -337,6 +335,15 @@ def execute(spec: Any, comm: Any, algorithm: Any, args: dict, key: tuple | None 
     return result
 
 
+def _prepare(spec: Any, e: "Edge", algorithm: Any, args: dict) -> tuple:
+    """The spec's `(call, result)` for the user's arguments, the algorithm's name checked
+    too: each problem a one-line RingmpiUsageError from `e`."""
+    call, result = spec.prepare(e, **args)
+    if not isinstance(algorithm, str):
+        e.fail(f"algorithm must be a name, got {algorithm!r}")
+    return call, result
+
+
 def request(spec: Any, comm: Any, algorithm: Any, args: dict, persistent: bool = False,
             on_done: Callable | None = None, margins: Any = None, bare: bool = True) -> Any:
     """Begin one public collective as a request (`ringmpi.requests.Request`), or bind it as
@@ -357,9 +364,7 @@ def request(spec: Any, comm: Any, algorithm: Any, args: dict, persistent: bool =
     t, e = _edge(f"{spec.name}_init" if persistent else f"i{spec.name}", comm)
     try:
         st = settings()
-        call, result = spec.prepare(e, **args)
-        if not isinstance(algorithm, str):
-            e.fail(f"algorithm must be a name, got {algorithm!r}")
+        call, result = _prepare(spec, e, algorithm, args)
     except RingmpiUsageError as err:
         fresh = _fresh(spec, args) if _stands_in(t, err) else None
         if fresh is not None:

@@ -237,10 +237,9 @@ _LABELS.update({f"I{method[0].lower()}{method[1:]}": label for method, label in 
 
 _ALL_KEPT: list = []   # the `_Kept` in use (for `stats`: the calls each passed; `_retire` folds them in)
 #: the methods whose buffer forms `_Kept` passes to mpi4py as they are, and the `Comm`
-#: attribute that holds each one's
-_KEPT_METHODS = {"Allreduce": "_kept_allreduce", "Bcast": "_kept_bcast", "Allgather": "_kept_allgather",
-                 "Alltoall": "_kept_alltoall", "Iallreduce": "_kept_iallreduce", "Ibcast": "_kept_ibcast",
-                 "Iallgather": "_kept_iallgather", "Ialltoall": "_kept_ialltoall"}
+#: attribute that holds each one's (None: none kept)
+_KEPT_METHODS = {method: f"_kept_{method.lower()}" for method in (
+    "Allreduce", "Bcast", "Allgather", "Alltoall", "Iallreduce", "Ibcast", "Iallgather", "Ialltoall")}
 
 
 def _forget_kept() -> None:
@@ -543,15 +542,6 @@ class Comm(MPI.Intracomm):
     _algorithms: dict[str, str] = {}   # class default: objects mpi4py makes itself (Dup) get "auto"
     _hot: dict | None = None           # Allreduce's hot path: id(recvbuf) -> `_Hot`
     _requests: dict | None = None      # the nonblocking calls' memos: collective -> `collectives.RequestMemo`
-    # each method's buffer forms passed to mpi4py as they are (`_Kept`; `_KEPT_METHODS`)
-    _kept_allreduce: "_Kept | None" = None
-    _kept_bcast: "_Kept | None" = None
-    _kept_allgather: "_Kept | None" = None
-    _kept_alltoall: "_Kept | None" = None
-    _kept_iallreduce: "_Kept | None" = None
-    _kept_ibcast: "_Kept | None" = None
-    _kept_iallgather: "_Kept | None" = None
-    _kept_ialltoall: "_Kept | None" = None
     _t: Any = None                     # this communicator's transport
 
     def __new__(cls, comm: MPI.Intracomm | None = None, **algorithm: str) -> "Comm":
@@ -925,17 +915,18 @@ class Comm(MPI.Intracomm):
         return self._start("Ibcast", self._bcast(buf, root), buf, root, key=_forms(buf, None, root))
 
     def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Any:
-        req = self._kept_start(self._kept_iallgather, sendbuf, recvbuf, None, None)
-        if req is not None:
-            return req
-        return self._start("Iallgather", self._blocks("allgather", sendbuf, recvbuf, False), sendbuf, recvbuf,
-                           key=_forms(sendbuf, recvbuf, None))
+        return self._iblocks("Iallgather", self._kept_iallgather, "allgather", False, sendbuf, recvbuf)
 
     def Ialltoall(self, sendbuf: Any, recvbuf: Any) -> Any:
-        req = self._kept_start(self._kept_ialltoall, sendbuf, recvbuf, None, None)
+        return self._iblocks("Ialltoall", self._kept_ialltoall, "alltoall", True, sendbuf, recvbuf)
+
+    def _iblocks(self, method: str, kept: "_Kept | None", collective: str, whole_send: bool, sendbuf: Any,
+                 recvbuf: Any) -> Any:
+        """`Iallgather` and `Ialltoall`, as `_blocks_method` is their blocking calls."""
+        req = self._kept_start(kept, sendbuf, recvbuf, None, None)
         if req is not None:
             return req
-        return self._start("Ialltoall", self._blocks("alltoall", sendbuf, recvbuf, True), sendbuf, recvbuf,
+        return self._start(method, self._blocks(collective, sendbuf, recvbuf, whole_send), sendbuf, recvbuf,
                            key=_forms(sendbuf, recvbuf, None))
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> Any:
@@ -992,6 +983,9 @@ class Comm(MPI.Intracomm):
         super().Reduce_scatter(sendbuf, recvbuf, recvcounts, op)
 
 
+for _attribute in _KEPT_METHODS.values():   # each method's kept forms (`_Kept`): none yet
+    setattr(Comm, _attribute, None)
+
 
 @dataclass
 class _Hot:
@@ -1047,7 +1041,26 @@ def _nothing(*_: Any) -> None:
 AS_ASKED = Margins(1.0, 1.0)
 
 
-class _Request(MPI.Grequest):
+class _CallWaits:
+    """`Wait` and `Test` of a drop-in request behind which ringmpi's call runs (`_Request`,
+    `_Persistent`): the call's, which advance it here and raise its error, then MPI's on
+    the generalized request the call completed (none: a persistent request not started
+    since its last wait)."""
+    _ring: Any = None
+
+    def Wait(self, status: Any = None) -> Literal[True]:
+        try:
+            self._ring.wait()
+        finally:
+            if self != MPI.REQUEST_NULL:
+                MPI.Request.Wait(self, status)   # type: ignore[arg-type]
+        return True
+
+    def Test(self, status: Any = None) -> bool:
+        return self._ring.test() and self.Wait(status)
+
+
+class _Request(_CallWaits, MPI.Grequest):
     """What the drop-in's nonblocking calls return: an MPI generalized request (the MPI
     standard's way for a library to hand out requests of its own), completed by ringmpi
     when its call is (`MPI.Grequest.Complete`), so that everything an `MPI.Request` does
@@ -1086,20 +1099,8 @@ class _Request(MPI.Grequest):
             raise
         return req
 
-    def Wait(self, status: Any = None) -> Literal[True]:
-        try:
-            self._ring.wait()
-        finally:
-            MPI.Grequest.Wait(self, status)
-        return True
 
-    def Test(self, status: Any = None) -> bool:
-        if not self._ring.test():
-            return False
-        return MPI.Grequest.Wait(self, status)
-
-
-class _Persistent(MPI.Prequest):
+class _Persistent(_CallWaits, MPI.Prequest):
     """What the drop-in's persistent calls (`Allreduce_init`, ...) return where ringmpi's
     algorithm serves them: a ringmpi persistent request behind mpi4py's `Prequest` methods.
     MPI has no persistent generalized request, so each `Start` begins the call behind a
@@ -1147,17 +1148,6 @@ class _Persistent(MPI.Prequest):
             current.Complete()
             MPI.Request.Wait(self)   # (the generalized request's end: this object null again)
             raise
-
-    def Wait(self, status: Any = None) -> Literal[True]:
-        try:
-            self._ring.wait()
-        finally:
-            if self != MPI.REQUEST_NULL:
-                MPI.Request.Wait(self, status)
-        return True
-
-    def Test(self, status: Any = None) -> bool:
-        return self._ring.test() and self.Wait(status)
 
     def Free(self) -> None:
         self._ring.free()
