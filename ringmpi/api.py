@@ -407,6 +407,8 @@ def restart_same(spec: Any, kept: Any, send: Any, recv: Any, on_done: Callable |
     call = spec.again(bound.stripped, send.dtype, bound.canonical, send, recv)
     if call is None:
         return None
+    if bound.recipe is not None and on_done is None:
+        return bound.relaunch(kept, call, recv)
     bound.call, bound.result, bound.on_done = call, recv, on_done
     return kept.start().request
 
@@ -434,7 +436,7 @@ class _Bound:
     the memo keeping it for the next call on the same arrays (`restart_same`) keeps no user
     array alive."""
     __slots__ = ("t", "view", "dev", "alg", "call", "result", "name", "on_done", "thread", "mpi", "lean", "params",
-                 "shape", "launched", "stripped", "canonical", "arena", "large")
+                 "shape", "launched", "stripped", "canonical", "arena", "large", "recipe")
 
     def __init__(self, t: Any, view: Any, dev: Any, alg: Any, call: Call, result: Any, on_done: Any,
                  thread: bool, hides: bool) -> None:
@@ -450,12 +452,13 @@ class _Bound:
         # posts it in the order of the starts
         self.thread = thread and (self.mpi or alg.cost is not None)
         # MPI's own where nothing can run beside it (`overlaps`): its own request, tested and
-        # waited for in MPI, without the engine (`requests.Native`; benchmarks/README.md, "What a
+        # waited for in MPI, without the engine (`requests.MPIRequest`; benchmarks/README.md, "What a
         # request of ringmpi's own API costs with nothing to overlap")
         self.lean = self.mpi and on_done is None and not hides
         self.arena = alg.scratch(t.size, call) if dev is None else 0   # (shared memory: `RequestView.take_shared`)
         self.large = call.count * call.itemsize >= requests.WAKE_BYTES
         self.launched = False      # (a start after the first takes the next sequence number and tag)
+        self.recipe: tuple | None = None   # (lean) how the last call was posted: `relaunch`
 
     def persistent(self, mpi: bool) -> Any:
         """The `requests.Persistent` of this call: MPI-4's own persistent collective where
@@ -481,11 +484,14 @@ class _Bound:
             self.call = self.result = self.on_done = None
         if self.mpi:
             view.post(call)
+            posted, view.posted = view.posted, None   # (it holds the call's arrays)
             if self.lean:
                 (inner,), view.pending = view.pending, []
                 if view.pool is not None:
                     view.close()   # (its first call's scratch, back to the communicator: MPI's own takes none)
-                return requests.Native(self.name, view.seq, self.t, inner,
+                if p.transient:
+                    self.recipe = _recipe(posted, call)
+                return requests.MPIRequest(self.name, view.seq, self.t, inner,
                                        functools.partial(self.finish, view, call, result))
             body = functools.partial(self.finish, view, call, result)
         else:
@@ -495,6 +501,21 @@ class _Bound:
         req = requests.Request(self.name, view.seq, self.t, view, body, on_done=on_done, posted=self.mpi,
                                wakes=self.large or on_done is not None)
         return requests.engine().start(req, self.thread)
+
+    def relaunch(self, p: Any, call: Call, result: Any) -> Any:
+        """`launch`'s lean call again, on the arrays of the last one (`restart_same`): MPI's
+        nonblocking method posted with the arguments it was posted with then, the buffers
+        this call's (`recipe`: a request of ringmpi's API waited for at once costs about what
+        the drop-in's does; benchmarks/README.md, "A nonblocking call on the same arrays,
+        straight to MPI")."""
+        view = self.view
+        view.again(self.name, True)
+        method, recipe = self.recipe   # type: ignore[misc]
+        inner = method(view.comm, *[call.send if a is _SEND else call.recv if a is _RECV else a for a in recipe])
+        req = p.request = requests.MPIRequest(self.name, view.seq, self.t, inner,
+                                          functools.partial(self.finish, view, call, result))
+        req.source = p
+        return req
 
     def body(self, view: Any, call: Call, result: Any) -> Any:
         dev = self.dev
@@ -508,6 +529,21 @@ class _Bound:
         if call.op == "AVG" and call.recv is not None:
             view.scale(call.recv, self.t.size)
         return result
+
+
+#: where a posted call's arguments held the call's send and receive buffers (`_recipe`)
+_SEND, _RECV = object(), object()
+
+
+def _recipe(posted: tuple, call: Call) -> tuple | None:
+    """The method and arguments a lean call was posted with (`RequestView.posted`), its
+    buffers marked (`_SEND`, `_RECV`) so that no user array is kept; None where an argument
+    holds another array (a list with counts and displacements: the general path then)."""
+    method, args = posted
+    marked = [_SEND if a is call.send else _RECV if a is call.recv else a for a in args]
+    if any(isinstance(a, (np.ndarray, list, tuple)) for a in marked):
+        return None
+    return method, marked
 
 
 def _bind(e: Edge, spec: Any, algorithm: str, call: Call, result: Any, on_done: Any, st: Any,

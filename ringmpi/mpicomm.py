@@ -708,6 +708,7 @@ class RequestView(_Wire):
         self.pending: list = []              # the MPI requests the body waits for
         self.suspend: Any = None             # set by the engine: switches back to who advanced the body
         self.posting = self.binding = False  # (`post`, `bind`: MPI's own call posted or bound, no body)
+        self.posted: tuple | None = None     # (`post`) the nonblocking method it called and its arguments
         self.failure: BaseException | None = None   # MPI's error met while waiting (`wait_all`)
         self.until: Any = None               # or a test the body waits for instead (shared memory)
         self.devices: dict = {}
@@ -722,7 +723,8 @@ class RequestView(_Wire):
     def post(self, call: Any) -> None:
         """Post MPI's own nonblocking collective for `call` without suspending (a call that
         is one library call: `api._one_mpi_call`, so none of `mpi_call`'s special cases
-        applies); `pending` holds its request."""
+        applies); `pending` holds its request, `posted` the method and arguments it was
+        posted with (`api._Bound.relaunch` posts the next call on the same arrays so)."""
         self.posting = True
         try:
             self.mpi(call)
@@ -731,7 +733,9 @@ class RequestView(_Wire):
 
     def mpi_call(self, function: str, *args: Any) -> None:
         if self.posting:   # (see `post`)
-            self._invoke(function, _given(args))
+            given = _given(args)
+            self.posted = (_NONBLOCKING[function], given)
+            self._invoke(function, given)
             return
         super().mpi_call(function, *args)
 

@@ -49,12 +49,12 @@ from typing import Any, Callable, NoReturn
 
 from greenlet import GreenletExit, getcurrent, greenlet
 
-__all__ = ["Request", "Native", "Persistent", "waitall", "testall", "progress", "on_progress_thread", "yield_core", "engine",
+__all__ = ["Request", "MPIRequest", "Persistent", "waitall", "testall", "progress", "on_progress_thread", "yield_core", "engine",
            "Engine", "ACTIVE"]
 
 
 class _Handed:
-    """What a request's caller gets at its completion (`Request`, `Native`): the call's
+    """What a request's caller gets at its completion (`Request`, `MPIRequest`): the call's
     result, or its error raised; and a nonblocking call's kept persistent request
     (`collectives._as_request`) lets go of it."""
     __slots__ = ()
@@ -232,7 +232,7 @@ def _raise_failed(group: Any, err: BaseException, label: str, seq: int) -> NoRet
     raise raised from err
 
 
-class Native(_Handed):
+class MPIRequest(_Handed):
     """A request that is one of MPI's own nonblocking collectives, where nothing can overlap
     it anyway (`api._Bound.lean`: one host whose cores all compute): begun on the caller's
     thread, tested and waited for in MPI (the stall inspector watching the wait), its

@@ -634,7 +634,7 @@ say("done")
 def test_a_request_a_rank_never_started_ends_at_the_deadline_naming_it(tmp_path, algorithm):
     """The stall watch follows the request waited for: the deadline names the rank that has
     not arrived, while it lives (asked where it is); MPI's own as its own request
-    (`requests.Native`, on a host whose cores all compute) too."""
+    (`requests.MPIRequest`, on a host whose cores all compute) too."""
     rc, out, secs = job(tmp_path, REQUEST_SKIPPED.replace("ALGORITHM", algorithm), env={"RINGMPI_STALL_ABORT": "5"})
     assert rc not in (0, 124) and secs < 20, (rc, secs, out)
     assert "aborting the job (RINGMPI_STALL_ABORT=5)" in out, out

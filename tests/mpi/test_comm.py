@@ -453,7 +453,7 @@ def test_the_drop_in_s_requests_run_mpi_s_own_where_blocking_calls_measured_it_f
     """Where online tuning measured MPI's own all-reduce fastest, but not REQUEST_MARGIN times
     faster than ringmpi's best: ringmpi.iallreduce runs ringmpi's where a request can hide
     anything (`overlaps`: it advances while its caller computes), and MPI's own elsewhere, as
-    MPI's own request (`requests.Native`); the drop-in's Iallreduce runs MPI's own either way
+    MPI's own request (`requests.MPIRequest`); the drop-in's Iallreduce runs MPI's own either way
     (its caller asked for it; the first call a generalized request of MPI's own, the next
     ones MPI's own request as it is), and every result is mpi4py's."""
     if P == 1:
@@ -476,7 +476,7 @@ def test_the_drop_in_s_requests_run_mpi_s_own_where_blocking_calls_measured_it_f
             t.hides = hides
             ours = ringmpi.iallreduce(x, np.empty_like(x), comm=c)
             assert ours.label == f"allreduce/{algorithm}", (hides, ours.label)
-            assert isinstance(ours, ringmpi.requests.Native) == (not hides), (hides, ours)
+            assert isinstance(ours, ringmpi.requests.MPIRequest) == (not hides), (hides, ours)
             assert np.array_equal(ours.wait(), want)
         t.hides = True
         for i in range(3):

@@ -331,31 +331,35 @@ def test_drop_in_calls_on_the_same_arrays_reuse_their_request(rng):
         assert np.array_equal(full[:2], sum(np.arange(2.0 * P) + q + i for q in range(P))[2 * R:2 * R + 2]), i
     assert rings[0][1] is rings[2][1] and rings[1][1] is rings[3][1] and rings[0][1] is not rings[1][1]
 
-def test_calls_on_the_same_arrays_reuse_the_request_and_stay_correct(rng):
-    """A loop of requests on the very same arrays (kept and started again: `RequestMemo`),
-    with the data changing between calls; two in flight on the same send buffer (each with
-    its own result: two calls in flight may not write one buffer); a result buffer made
-    read-only; in place; a change of op; a broadcast."""
-    x, y, z = np.empty(300), np.empty(300), np.empty(300)
+@pytest.mark.parametrize("algorithm", ["ring", "mpi"])
+def test_calls_on_the_same_arrays_reuse_the_request_and_stay_correct(rng, algorithm):
+    """A loop of requests on the very same arrays (kept and started again: `RequestMemo`;
+    MPI's own posted again as it was: `api._Bound.relaunch`), with the data changing
+    between calls; two in flight on the same send buffer (each with its own result: two
+    calls in flight may not write one buffer); AVG's division after each; a result buffer
+    made read-only; in place; a change of op; a broadcast."""
+    x, y, z, v = np.empty(300), np.empty(300), np.empty(300), np.empty(300)
     bound = []
     for i in range(6):
         x[:] = rng.integers(-9, 9, 300)
         ref = np.empty(300)
         COMM.Allreduce(x, ref)
-        q = ringmpi.iallreduce(x, y, algorithm="ring")
-        q2 = ringmpi.iallreduce(x, z, algorithm="ring")
+        q = ringmpi.iallreduce(x, y, algorithm=algorithm)
+        q2 = ringmpi.iallreduce(x, z, algorithm=algorithm)
         bound.append(q.source)
         assert np.array_equal(q.wait(), ref) and np.array_equal(q2.wait(), ref)
+        assert np.allclose(ringmpi.iallreduce(x, v, op="avg", algorithm=algorithm).wait(), ref / P, rtol=1e-15)
         w = x.copy()
-        assert np.array_equal(ringmpi.iallreduce(w, w, op="max").wait(), np.maximum.reduce(COMM.allgather(x)))
+        assert np.array_equal(ringmpi.iallreduce(w, w, op="max", algorithm=algorithm).wait(),
+                              np.maximum.reduce(COMM.allgather(x)))
         b = np.arange(4.0) + i if R == 0 else np.zeros(4)
         assert np.array_equal(ringmpi.ibroadcast(b).wait(), np.arange(4.0) + i)
     assert len({id(b) for b in bound}) == 1, "the request on the same arrays was not started again"
     y.flags.writeable = False
     with pytest.raises(RingmpiUsageError, match="read-only"):
-        ringmpi.iallreduce(x, y, algorithm="ring")
+        ringmpi.iallreduce(x, y, algorithm=algorithm)
     y.flags.writeable = True
-    assert np.array_equal(ringmpi.iallreduce(x, y, algorithm="ring").wait(), ref)
+    assert np.array_equal(ringmpi.iallreduce(x, y, algorithm=algorithm).wait(), ref)
 
 
 def test_the_kept_request_is_found_by_the_very_arguments(rng):
