@@ -492,7 +492,7 @@ class _Bound:
                 if p.transient:
                     self.recipe = _recipe(posted, call)
                 return requests.MPIRequest(self.name, view.seq, self.t, inner,
-                                       functools.partial(self.finish, view, call, result))
+                                           functools.partial(self.finish, view, call, result))
             body = functools.partial(self.finish, view, call, result)
         else:
             if self.arena:
@@ -513,7 +513,7 @@ class _Bound:
         method, recipe = self.recipe   # type: ignore[misc]
         inner = method(view.comm, *[call.send if a is _SEND else call.recv if a is _RECV else a for a in recipe])
         req = p.request = requests.MPIRequest(self.name, view.seq, self.t, inner,
-                                          functools.partial(self.finish, view, call, result))
+                                              functools.partial(self.finish, view, call, result))
         req.source = p
         return req
 

@@ -1046,7 +1046,7 @@ class _CallWaits:
     `_Persistent`): the call's, which advance it here and raise its error, then MPI's on
     the generalized request the call completed (none: a persistent request not started
     since its last wait)."""
-    _ring: Any = None
+    _ring: Any = None   # ringmpi's request (a `requests.Request`, or a `requests.Persistent`)
 
     def Wait(self, status: Any = None) -> Literal[True]:
         try:
@@ -1070,7 +1070,6 @@ class _Request(_CallWaits, MPI.Grequest):
     progress callback (MPICH's MPIX_Grequest_start has one, mpi4py does not expose it), so
     these calls run on ringmpi's progress thread, whatever RINGMPI_PROGRESS says. An error
     of the call is raised by `Wait`/`Test`; MPI's class-level waits see the request complete."""
-    _ring: Any = None
 
     @classmethod
     def make(cls, comm: "Comm", served: _Served, algorithm: str) -> "_Request":
@@ -1112,7 +1111,6 @@ class _Persistent(_CallWaits, MPI.Prequest):
     `MPI.Prequest.Startall` cannot begin ringmpi's call: MPI refuses the null or
     generalized request it finds. Where MPI's own persistent collective serves the call,
     `make` returns that MPI request itself (`_MPIPersistent`), which Startall takes too."""
-    _ring: Any = None
     _then: Any = None
     _current: Any = None    # this start's generalized request (None between a completion and the next start)
 
