@@ -1055,7 +1055,7 @@ def abort_on_exception(tp: type, value: BaseException, tb: Any) -> None:
     text = "".join(traceback.format_exception(tp, value, tb))
     stall.die("".join(f"[rank {r}] {line}\n" for line in text.splitlines()) +
               f"ringmpi: rank {r} of {p} raised an uncaught {tp.__name__}; aborting the job "
-              "(RINGMPI_ABORT_ON_EXCEPTION=0 turns this off)\n", MPI.COMM_WORLD.Abort, 1)
+              "(RINGMPI_ABORT_ON_EXCEPTION=0 turns this off)\n", MPI.COMM_WORLD.Abort, 1, r)
 
 
 #: called when a communicator's transport is freed (the call pipeline forgets its plans)

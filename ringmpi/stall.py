@@ -61,6 +61,8 @@ _LOCK = threading.Lock()            # guards _TRACKED and _THREAD
 #: waits for this lock a bounded time.
 WIRE = threading.Lock()
 _STOPPED = threading.Event()        # MPI_Finalize has begun: no more notes
+#: transport -> when this rank last told its peers it failed in a call (`announce`)
+_TOLD: "weakref.WeakKeyDictionary[Any, float]" = weakref.WeakKeyDictionary()
 _TO_FREE: list = []                 # communicators of freed transports, for the inspector's thread
 
 
@@ -78,16 +80,24 @@ class _Peers:
     polled: float = 0.0          # when the notes were last read
 
 
-def die(message: str, abort: Any, code: int) -> None:
+#: seconds between the aborts of ranks that abort together (`die`), in rank order
+ABORT_STAGGER = 0.3
+
+
+def die(message: str, abort: Any, code: int, rank: int = 0) -> None:
     """Print `message` (one write), give the launcher half a second to forward it before the
-    abort tears the job down, then abort the job with `code`. Written to the process's own
-    standard error: a caller may have replaced `sys.stderr` for the moment (torch.distributed's
-    excepthook collects the traceback in a StringIO to prefix its lines, and would print it
-    after our abort: never)."""
+    abort tears the job down, then abort the job with `code`. Ranks that abort together
+    (every rank waiting for one that failed, or all raising the same error) abort in turn,
+    `rank` by `rank`, ABORT_STAGGER apart: the first abort ends the job, and Debian's Open
+    MPI 4.1 launcher, given two aborts at once, can fail to unpack their help messages and
+    then never end the job (open-mpi/ompi#8356: 3 hangs in 14 runs here).
+    Written to the process's own standard error: a caller may have replaced `sys.stderr`
+    for the moment (torch.distributed's excepthook collects the traceback in a StringIO to
+    prefix its lines, and would print it after our abort: never)."""
     err = sys.__stderr__ or sys.stderr
     err.write(message)
     err.flush()
-    time.sleep(0.5)
+    time.sleep(0.5 + ABORT_STAGGER * min(rank, 10))
     # an MPI_Abort that never returns nor kills (seen once in seven runs with Debian's Open
     # MPI 4.1.4 after another rank had exited): leave anyway, and the launcher ends the job
     threading.Timer(10.0, os._exit, args=(code,)).start()
@@ -116,6 +126,8 @@ def announce(t: Any, note: tuple) -> None:
     with WIRE:
         if t.wire and not t.freed and not _STOPPED.is_set():
             _to_peers(t, note)
+            if note[0] == "fail":
+                _TOLD[t] = time.monotonic()
 
 
 def _to_peers(t: Any, note: tuple) -> None:
@@ -158,9 +170,32 @@ def finish() -> None:
             _to_peers(t, ("bye", t.seq))
         for t in live:
             t.flush(0.5)
+        _linger(live)
         _free_pending()
     finally:
         WIRE.release()
+
+
+def _linger(live: list) -> None:
+    """A rank that leaves while its peers may still wait for it stays in MPI_Finalize until
+    they have all finished too, or until those left waiting have had the time to abort the
+    job (`_inspect`: at most FAIL_GRACE, then `die`'s pause and turn, and a look of their
+    inspector): a rank that told its peers it failed in a call, or that leaves on an uncaught
+    exception (`sys.last_value`, RINGMPI_ABORT_ON_EXCEPTION=0). Debian's Open MPI 4.1
+    launcher, given an abort after a rank has left, can print it and then never end the job
+    (9 hangs in 48 runs of three ranks, 0 in 40 with the failed rank still there;
+    benchmarks/README.md, "An abort after a rank has left")."""
+    now = time.monotonic()
+    raised = getattr(sys, "last_value", None) is not None
+    for t in live:
+        told = _TOLD.get(t, now if raised else None)
+        if told is None:
+            continue
+        known = _known(t)
+        until = told + FAIL_GRACE + 0.5 + ABORT_STAGGER * min(t.size - 1, 10) + 2.0
+        while time.monotonic() < until and len(known.finished) < t.size - 1:
+            time.sleep(0.05)
+            _take_notes(t, known, time.monotonic())
 
 
 def _period(warn: float, abort: float) -> float:
@@ -261,14 +296,14 @@ def _inspect(t: Any, known: _Peers, now: float, s: Any) -> None:
     if gone:
         die(f"{where} (call {seq} on this communicator); ranks {gone} finished (MPI_Finalize) after "
             f"{', '.join(str(known.finished[q]) for q in gone)} calls and will never come: aborting the job. "
-            "A rank may have skipped this collective.\n", t.abort, 3)
+            "A rank may have skipped this collective.\n", t.abort, 3, t.rank)
     if len(known.finished) == t.size - 1 and now - max(known.last_bye, known.since) > FAIL_GRACE:
         die(f"{where} (call {seq} on this communicator), and every other rank has finished (MPI_Finalize) after "
             f"making that call: the ranks' calls differed (count, root, algorithm or collective). Aborting the "
-            "job (RINGMPI_CHECK=1 compares every call first).\n", t.abort, 3)
+            "job (RINGMPI_CHECK=1 compares every call first).\n", t.abort, 3, t.rank)
     fail = known.failed.get(seq)
     if fail is not None and now - fail[2] > FAIL_GRACE:
-        die(f"{where}; rank {fail[0]} failed in this call ({fail[1]}): aborting the job\n", t.abort, 3)
+        die(f"{where}; rank {fail[0]} failed in this call ({fail[1]}): aborting the job\n", t.abort, 3, t.rank)
     if t.wire and known.asked != seq and waited > _ask_after(t, s.stall_warn, s.stall_abort):
         known.asked, known.states = seq, {}
         with WIRE:
@@ -279,7 +314,7 @@ def _inspect(t: Any, known: _Peers, now: float, s: Any) -> None:
         die(f"{where} (call {seq} on this communicator), while " + "; ".join(f"rank {q} is in {lab}" for q, lab in
                                                                             other.items())
             + " at that call: the ranks called different collectives or algorithms. Aborting the job "
-            "(RINGMPI_CHECK=1 compares every call first).\n", t.abort, 3)
+            "(RINGMPI_CHECK=1 compares every call first).\n", t.abort, 3, t.rank)
     missing = t.waiting_for or sorted(q for q, (begun, _, _) in known.states.items() if begun < seq) or None
     if missing:
         where += f" (ranks {missing} have not arrived)"
@@ -287,7 +322,7 @@ def _inspect(t: Any, known: _Peers, now: float, s: Any) -> None:
     # a rank that knows who is missing aborts first, so that its message is the one printed
     if s.stall_abort and waited > s.stall_abort + (0 if missing else 1):
         die(f"{where}; aborting the job (RINGMPI_STALL_ABORT={s.stall_abort:g}). A rank may have skipped "
-            f"this collective or called another one.{detail}\n", t.abort, 3)
+            f"this collective or called another one.{detail}\n", t.abort, 3, t.rank)
     if s.stall_warn and waited > s.stall_warn and known.warned != seq:
         known.warned = seq
         sys.stderr.write(f"{where} (RINGMPI_STALL_WARN={s.stall_warn:g}). Did every rank call it with "
