@@ -88,9 +88,9 @@ def die(message: str, abort: Any, code: int, rank: int = 0) -> None:
     """Print `message` (one write), give the launcher half a second to forward it before the
     abort tears the job down, then abort the job with `code`. Ranks that abort together
     (every rank waiting for one that failed, or all raising the same error) abort in turn,
-    `rank` by `rank`, ABORT_STAGGER apart: the first abort ends the job, and Debian's Open
-    MPI 4.1 launcher, given two aborts at once, can fail to unpack their help messages and
-    then never end the job (open-mpi/ompi#8356: 3 hangs in 14 runs here).
+    `rank` by `rank`, ABORT_STAGGER apart: the first abort ends the job, and the others
+    rarely come (Debian's Open MPI 4.1 launcher, given two at once, once logged a failed
+    unpack of their messages, open-mpi/ompi#8356, and never ended the job: `_linger`).
     Written to the process's own standard error: a caller may have replaced `sys.stderr`
     for the moment (torch.distributed's excepthook collects the traceback in a StringIO to
     prefix its lines, and would print it after our abort: never)."""
