@@ -84,6 +84,12 @@ class _Peers:
 ABORT_STAGGER = 0.3
 
 
+def _abort_pause(rank: int) -> float:
+    """Seconds `die` waits on `rank` before its abort: half a second for the launcher to
+    forward the message, then the rank's turn (ABORT_STAGGER apart, the first ten)."""
+    return 0.5 + ABORT_STAGGER * min(rank, 10)
+
+
 def die(message: str, abort: Any, code: int, rank: int = 0) -> None:
     """Print `message` (one write), give the launcher half a second to forward it before the
     abort tears the job down, then abort the job with `code`. Ranks that abort together
@@ -97,7 +103,7 @@ def die(message: str, abort: Any, code: int, rank: int = 0) -> None:
     err = sys.__stderr__ or sys.stderr
     err.write(message)
     err.flush()
-    time.sleep(0.5 + ABORT_STAGGER * min(rank, 10))
+    time.sleep(_abort_pause(rank))
     # an MPI_Abort that never returns nor kills (seen once in seven runs with Debian's Open
     # MPI 4.1.4 after another rank had exited): leave anyway, and the launcher ends the job
     threading.Timer(10.0, os._exit, args=(code,)).start()
@@ -154,7 +160,8 @@ def _free_pending() -> None:
 
 def finish() -> None:
     """MPI_Finalize has begun: tell the peers of every small communicator how many calls
-    this rank made on it, give the notes a moment to leave, and stop using MPI."""
+    this rank made on it, give the notes a moment to leave, stay while peers left waiting
+    for this rank may still abort (`_linger`), and stop using MPI."""
     if _STOPPED.is_set():
         return
     if not WIRE.acquire(timeout=1.0):   # the inspector's thread is stuck in MPI: leave without notes
@@ -192,7 +199,7 @@ def _linger(live: list) -> None:
         if told is None:
             continue
         known = _known(t)
-        until = told + FAIL_GRACE + 0.5 + ABORT_STAGGER * min(t.size - 1, 10) + 2.0
+        until = told + FAIL_GRACE + _abort_pause(t.size - 1) + 2.0   # (+ two looks of their inspector)
         while time.monotonic() < until and len(known.finished) < t.size - 1:
             time.sleep(0.05)
             _take_notes(t, known, time.monotonic())
