@@ -37,11 +37,15 @@ else:
 
     def __getattr__(name: str):
         """`ringmpi.Comm` (the mpi4py drop-in, ringmpi.comm) is imported at first use: it
-        subclasses mpi4py's communicator, and importing mpi4py initialises MPI."""
+        subclasses mpi4py's communicator, and importing mpi4py initialises MPI. The calls
+        of a collective added later (`ringmpi.specs.add`) are made at first use too."""
         if name == "Comm":
             from .comm import Comm
             return Comm
-        raise AttributeError(f"module 'ringmpi' has no attribute {name!r}")
+        try:   # a collective added by its spec after import (`ringmpi.specs.add`)
+            return getattr(_collectives, name)
+        except AttributeError:
+            raise AttributeError(f"module 'ringmpi' has no attribute {name!r}") from None
 
     def __dir__() -> list[str]:
         return sorted([*globals(), "Comm"])

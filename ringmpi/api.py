@@ -29,6 +29,8 @@ from .device import cai_contiguous, cai_readonly, cai_span, device_backend, is_d
 from .errors import RingmpiError, RingmpiUsageError
 from .ops import SUPPORTED_DTYPES, canonical, check_op_dtype, is_half
 from .settings import log, settings
+from .specs import flat_view
+from .transport import MPIPlan
 from . import requests
 from .requests import ACTIVE, progress
 
@@ -161,15 +163,6 @@ def fault_tolerant() -> bool:
     """Whether this job can outlive a rank (ULFM on): without it a rank's death ends the
     job, and RankFailure never comes."""
     return _mpi().fault_tolerant()
-
-
-def flat_view(buf: np.ndarray, canonical: np.dtype) -> np.ndarray:
-    """A checked host array as ringmpi sends it: flat, a plain ndarray (subclasses such as
-    np.matrix viewed as one), in its canonical dtype."""
-    if type(buf) is np.ndarray and buf.ndim == 1 and buf.dtype.char == canonical.char:
-        return buf   # (already one: a view of it would cost a nonblocking call's restart a third)
-    flat = buf.reshape(-1) if type(buf) is np.ndarray else buf.view(np.ndarray).reshape(-1)
-    return flat if buf.dtype.char == canonical.char else flat.view(canonical)
 
 
 class Edge:
@@ -812,7 +805,7 @@ class ExploringPlan:
 
 def _slow(spec: Any, comm: Any, algorithm: str, args: dict) -> Callable:
     """For a plan: anything unexpected goes to the full path, which explains it. Only the
-    MPI plans (MPI's own, `Collective.mpi_plan`) fall back to it: a rank that stands in
+    MPI plans (MPI's own, `Group.mpi_plan`) fall back to it: a rank that stands in
     for bad buffers there runs MPI's own, as the others do."""
     def slow(sendbuf: Any, recvbuf: Any) -> Any:
         return execute(spec, comm, algorithm, spec.with_buffers(args, sendbuf, recvbuf), planned="mpi")
@@ -821,14 +814,17 @@ def _slow(spec: Any, comm: Any, algorithm: str, args: dict) -> Callable:
 
 def _algorithm_plan(t: Any, spec: Any, args: dict, alg: Any, call: Call, choice: dict, slow: Callable,
                     tuner: Any = None, dev: Any = None) -> Callable:
-    """MPI's own called straight with the user's arrays where the spec knows how (`mpi_plan`),
+    """MPI's own called straight with the user's arrays where the transport says how (`mpi_plan`),
     else the body (`BodyPlan`). `dev`: the call is on device buffers, which never go to MPI
     without their transport."""
     if dev is None and alg.cost is None and t.mpi_serves(call) and call.op != "AVG" and \
             _library_takes(call):
-        fast = spec.mpi_plan(t, call, args, choice, slow, tuner)
-        if fast is not None:
-            return fast
+        how = t.mpi_plan(call, args)
+        if how is not None:
+            name = label(spec, "mpi", call)
+            if how.build is None:
+                return send_recv_plan(t, how, name, choice, slow, tuner)
+            return call_plan(t, how, name, choice, slow, tuner)
     return BodyPlan(t, spec, args, alg, call, choice, tuner, dev).run   # (a bound method: calling it costs
     # less than calling an object, a measurable share of a small call)
 
@@ -921,25 +917,25 @@ def _timed(t: Any, tuner: Any, name: str, plan: Callable, sendbuf: Any, recvbuf:
     return out
 
 
-def send_recv_plan(t: Any, function: str, op: str | None, shape: tuple | None, dtype: np.dtype, label: str,
-                   choice: dict, slow: Callable, tuner: Any = None, copy_in_place: bool = False) -> Callable:
-    """The library's `function(send, recv[, op])` on the user's arrays: a new result array
-    of `shape` (None: the send buffer's shape at that call, which `x.shape = ...` can change
-    under the same array object) and `dtype` when recvbuf is None, IN_PLACE when recvbuf is
+def send_recv_plan(t: Any, how: MPIPlan, label: str, choice: dict, slow: Callable, tuner: Any = None) -> Callable:
+    """The library's `how.function(send, recv[, op])` on the user's arrays: a new result array
+    of `how.shape` (None: the send buffer's shape at that call, which `x.shape = ...` can change
+    under the same array object) and `how.dtype` when recvbuf is None, IN_PLACE when recvbuf is
     sendbuf. This is the fast path's hot loop: no validation beyond what the plan's key
     guarantees, and anything the key does not cover (overlapping buffers, a read-only
     result, a buffer mpi4py cannot take: its BufferError or ValueError, raised before any
     message moves) goes to the full path, which explains or serves it. Buffers go to MPI
     with the datatype of the canonical dtype (`mpi_function`), so 'l' and 'q' arrays mix.
     `run.same_buffers` skips the overlap test: for a caller that passes the very arrays
-    (by identity) that passed it before (an array's memory never moves). `copy_in_place`
+    (by identity) that passed it before (an array's memory never moves). `how.copy_in_place`
     (a small all-reduce whose result is shaped like its input): a new result is a copy of
     the send buffer reduced in place, which costs mpi4py one buffer less to parse, more
-    than copying a few hundred bytes costs over allocating them (`collectives._COPY_IN_PLACE`)."""
+    than copying a few hundred bytes costs over allocating them (`mpicomm._COPY_IN_PLACE`)."""
     # (one closure, longer than the house's 50 lines: the hot loop of the fast path, where a
     # call through a helper is a measurable share of a small MPI call: benchmarks/README.md,
     # "Figures behind constants in the code")
-    fn, mpi_op, in_place, mpi_type = t.mpi_function(function, op, dtype)
+    fn, mpi_op, in_place, mpi_type = t.mpi_function(how.function, how.op, how.dtype)
+    shape, dtype, copy_in_place = how.shape, how.dtype, how.copy_in_place
     empty, may_share = np.empty, np.may_share_memory
     if shape is not None and len(shape) == 1:
         shape = shape[0]  # np.empty(n) is faster than np.empty((n,))
@@ -982,11 +978,10 @@ def send_recv_plan(t: Any, function: str, op: str | None, shape: tuple | None, d
     return checked
 
 
-def call_plan(t: Any, function: str, build: Callable, label: str, choice: dict, slow: Callable,
-              tuner: Any = None) -> Callable:
-    """The library's `function(*args)` with `(args, result) = build(sendbuf, recvbuf)` (None:
-    the full path) for the collectives whose calls do not fit `send_recv_plan`."""
-    fn = t.mpi_function(function)[0]
+def call_plan(t: Any, how: MPIPlan, label: str, choice: dict, slow: Callable, tuner: Any = None) -> Callable:
+    """The library's `how.function(*args)` with `(args, result) = how.build(sendbuf, recvbuf)`
+    (None: the full path) for the collectives whose calls do not fit `send_recv_plan`."""
+    fn, build = t.mpi_function(how.function)[0], how.build
 
     def run(sendbuf: Any, recvbuf: Any) -> Any:
         if tuner is not None and next(tuner.due):

@@ -1,16 +1,11 @@
-"""The collectives' public calls, and what the API adds to each collective's spec.
+"""The collectives' public calls: blocking, nonblocking (i...) and persistent (..._init).
 
-A collective's spec (`ringmpi.specs`: counts, bus bandwidth, harness data, expected
-results, the simulator's stand-in for MPI's own) is true whatever carries it. Its subclass
-here adds what the call path needs:
-
-    prepare(edge, ...)      the API edge: validate the user's arguments, build the `Call`
-    args(call) / invoke     the public function's arguments for a harness call / the call itself
-    again / mpi_plan        the fast path: a call on the very same arrays, MPI's own on them
-                            (which MPI function a Call is: the MPI transport's `mpi`)
-
-Adding a collective is its spec in `ringmpi/specs.py` and this subclass, plus a schedule
-module in `ringmpi/schedules/`.
+Each collective's spec (`ringmpi.specs`) says what is true of it: its counts, its
+harness data and expected results, and how the public call's arguments are checked
+(`prepare`). The blocking calls here are written out, one function each: the hot path of
+a training loop, where a frame more is a measurable share of a small call. The
+nonblocking and persistent ones follow from them (`_as_request`), one of each for every
+spec.
 """
 from __future__ import annotations
 
@@ -24,260 +19,29 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import specs
-from .api import (CACHE, PLANS, Edge, Memo, call_plan, execute, flat_view, group, label, request, restart,
-                  restart_same, send_recv_plan)
+from .api import CACHE, PLANS, Edge, Memo, execute, group, request, restart, restart_same
 from .requests import Persistent, Request, progress, testall, waitall
-from .call import Call, block_counts, offsets
-from .specs import arithmetic
+from .call import Call
+from .specs import returned
 from .transport import LRU
 
 #: the public calls (re-exported by `ringmpi`); the specs are `SPECS` and `spec(name)`
+#: (and each collective's nonblocking and persistent calls, made below from its spec: `_serve`)
 __all__ = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "shift", "shared_empty",
-           "iallreduce", "ireduce_scatter", "iallgather", "ibroadcast", "ireduce", "ialltoall",
-           "allreduce_init", "reduce_scatter_init", "allgather_init", "broadcast_init", "reduce_init", "alltoall_init",
            "Request", "Persistent", "waitall", "testall", "progress"]
 
 
-def _deterministic(e: Edge, value: Any) -> bool | None:
-    if value is not None and not isinstance(value, (bool, np.bool_)):
-        e.fail(f"deterministic must be True, False or None (RINGMPI_DETERMINISTIC), got {value!r}")
-    return None if value is None else bool(value)
+#: the specs by name (`ringmpi.specs`: each collective's spec serves the API, the simulator and the harnesses)
+SPECS, spec = specs.SPECS, specs.spec
 
 
-def _result(recvbuf: Any, flat: np.ndarray, shape: tuple) -> Any:
-    return recvbuf if recvbuf is not None else flat.reshape(shape)
+_ALLREDUCE, _REDUCE_SCATTER, _ALLGATHER, _BROADCAST, _REDUCE, _ALLTOALL = (
+    SPECS[name] for name in ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall"))
 
 
-class Collective(specs.Collective):
-    """A collective as the API serves it: its spec (`ringmpi.specs`: what is true whatever
-    carries it) and what the call path adds (override per collective)."""
-    send_arg, recv_arg = "sendbuf", "recvbuf"   # the public function's buffer arguments
-    #: the mpi4py methods of MPI's own collective that this one serves in the drop-in
-    #: (`ringmpi.Comm`: its keyword arguments, its table of what serves what)
-    mpi_methods: tuple[str, ...] = ()
-
-    def prepare(self, e: Edge, **args: Any) -> tuple[Call, Any]:
-        raise NotImplementedError
-
-    def args(self, call: Call) -> dict:
-        """The public function's arguments (but comm and algorithm) for a harness call."""
-        raise NotImplementedError
-
-    def invoke(self, call: Call, comm: Any = None, algorithm: str = "auto") -> Any:
-        """The public function on a harness call: what a user's program runs."""
-        return globals()[self.name](**self.args(call), comm=comm, algorithm=algorithm)
-
-    def again(self, call: Call, dtype: np.dtype, canonical: np.dtype, sendbuf: Any, recvbuf: Any) -> Call | None:
-        """`prepare`'s Call (`call`, its buffers stripped) for the very arrays (the same
-        objects, so the same memory, shape and strides) it last accepted, or None to
-        prepare afresh: for collectives whose buffers are the user's arrays, flat."""
-        return None
-
-    def mpi_plan(self, t: Any, call: Call, args: dict, choice: dict, slow: Any, tuner: Any = None) -> Any:
-        """A fast-path plan calling MPI's own with the user's arrays as they are (see
-        `api.send_recv_plan`), or None where this call shape needs the general path."""
-        return None
-
-    def with_buffers(self, args: dict, sendbuf: Any, recvbuf: Any) -> dict:
-        """The public function's arguments `args` with these buffers."""
-        out = {**args, self.send_arg: sendbuf}
-        if self.recv_arg:
-            out[self.recv_arg] = recvbuf
-        return out
-
-
-#: a new all-reduce result up to this size is the send buffer's copy reduced in place
-#: (`api.send_recv_plan`): the copy costs less than the second buffer mpi4py parses; at
-#: 4 KiB it loses (benchmarks/README.md, "Figures behind constants in the code")
-_COPY_IN_PLACE = 1024
-
-
-class _Allreduce(Collective, specs.Allreduce):
-    mpi_methods = ("Allreduce",)
-
-    def prepare(self, e, sendbuf, recvbuf, op, deterministic=None):
-        inplace = recvbuf is not None and recvbuf is sendbuf
-        send = e.array("sendbuf", sendbuf, writable=inplace)
-        opn = e.op(op, send.dtype)
-        recv = send if inplace else e.recv(recvbuf, send, send.size)
-        return Call(self, send, recv, send.size, opn, inplace=inplace,
-                    params=arithmetic(send.dtype, opn, _deterministic(e, deterministic))), \
-            _result(recvbuf, recv, sendbuf.shape)
-
-    def again(self, call, dtype, canonical, sendbuf, recvbuf):
-        # all that can change about the same array objects: their writability, a dtype set in place
-        if sendbuf.dtype is not dtype or recvbuf.dtype is not dtype or not recvbuf.flags.writeable:
-            return None
-        send = flat_view(sendbuf, canonical)
-        recv = send if call.inplace else flat_view(recvbuf, canonical)
-        return Call(self, send, recv, call.count, call.op, call.root, call.counts, call.inplace, call.params)
-
-    def args(self, call):
-        return dict(sendbuf=call.send, recvbuf=call.recv, op=call.op)
-
-    def mpi_plan(self, t, call, args, choice, slow, tuner=None):
-        send = args["sendbuf"]
-        return send_recv_plan(t, "Allreduce", call.op, None, send.dtype, "allreduce/mpi", choice, slow, tuner,
-                              copy_in_place=send.nbytes <= _COPY_IN_PLACE)
-
-
-class _ReduceScatter(Collective, specs.ReduceScatter):
-    mpi_methods = ("Reduce_scatter", "Reduce_scatter_block")
-
-    def prepare(self, e, sendbuf, recvbuf, op, counts=None, deterministic=None):
-        inplace = recvbuf is not None and recvbuf is sendbuf
-        send = e.array("sendbuf", sendbuf, writable=inplace)
-        opn = e.op(op, send.dtype)
-        c = tuple(block_counts(send.size, e.t.size)) if counts is None else e.counts(counts, send.size)
-        r = e.t.rank
-        params = arithmetic(send.dtype, opn, _deterministic(e, deterministic))
-        if inplace:
-            off = offsets(c)
-            recv = send[off[r]:off[r + 1]]
-            return Call(self, send, recv, send.size, opn, counts=c, inplace=True, params=params), recv
-        recv = e.recv(recvbuf, send, c[r])
-        return Call(self, send, recv, send.size, opn, counts=c, params=params), _result(recvbuf, recv, (c[r],))
-
-    def args(self, call):
-        return dict(sendbuf=call.send, recvbuf=call.send if call.inplace else call.recv, op=call.op, counts=None)
-
-    def mpi_plan(self, t, call, args, choice, slow, tuner=None):
-        if call.inplace or args.get("counts") is not None or not call.count or call.count % t.size:
-            return None  # ringmpi's in-place result sits in block r, MPI's at the front
-        return send_recv_plan(t, "Reduce_scatter_block", call.op, (call.count // t.size,), args["sendbuf"].dtype,
-                              "reduce_scatter/mpi", choice, slow, tuner)
-
-
-class _Allgather(Collective, specs.Allgather):
-    mpi_methods = ("Allgather", "Allgatherv")
-
-    def prepare(self, e, sendbuf, recvbuf, counts=None):
-        p, r = e.t.size, e.t.rank
-        inplace = recvbuf is not None and recvbuf is sendbuf
-        buf = e.array("sendbuf", sendbuf, writable=inplace)
-        if counts is not None:
-            c = e.counts(counts)
-        elif inplace:
-            if buf.size % p:
-                e.fail(f"in-place buffer has {buf.size} elements, expected a multiple of {p} "
-                       "(pass counts= for uneven blocks)")
-            c = (buf.size // p,) * p
-        else:
-            c = (buf.size,) * p
-        off = offsets(c)
-        if inplace:
-            if buf.size != off[-1]:
-                e.fail(f"in-place buffer has {buf.size} elements, expected sum(counts) = {off[-1]}")
-            return Call(self, buf[off[r]:off[r + 1]], buf, off[-1], counts=c, inplace=True), recvbuf
-        if buf.size != c[r]:
-            e.fail(f"sendbuf has {buf.size} elements, expected counts[{r}] = {c[r]}")
-        recv = e.recv(recvbuf, buf, off[-1])
-        return Call(self, buf, recv, off[-1], counts=c), _result(recvbuf, recv, (off[-1],))
-
-    def args(self, call):
-        return dict(sendbuf=call.recv if call.inplace else call.send, recvbuf=call.recv, counts=None)
-
-    def mpi_plan(self, t, call, args, choice, slow, tuner=None):
-        if args.get("counts") is not None:
-            return None
-        return send_recv_plan(t, "Allgather", None, (call.count,), args["sendbuf"].dtype, "allgather/mpi", choice,
-                              slow, tuner)
-
-
-class _Broadcast(Collective, specs.Broadcast):
-    mpi_methods = ("Bcast",)
-
-    send_arg, recv_arg = "buf", None
-
-    def prepare(self, e, buf, root, segments=None):
-        flat = e.array("buf", buf, writable=True)
-        root = e.root(root)
-        params = () if segments is None else (("segments", e.integer("segments", segments, 1)),)
-        return Call(self, flat, flat, flat.size, None, root, inplace=True, params=params), buf
-
-    def args(self, call):
-        return dict(buf=call.recv, root=call.root, segments=call.param("segments"))
-
-    def mpi_plan(self, t, call, args, choice, slow, tuner=None):
-        root = call.root
-        return call_plan(t, "Bcast", lambda buf, _: ((buf, root), buf), label(self, "mpi", call), choice, slow,
-                         tuner)
-
-
-class _Reduce(Collective, specs.Reduce):
-    mpi_methods = ("Reduce",)
-
-    def prepare(self, e, sendbuf, recvbuf, root, op, deterministic=None):
-        root = e.root(root)
-        at_root = e.t.rank == root
-        inplace = at_root and recvbuf is not None and recvbuf is sendbuf
-        send = e.array("sendbuf", sendbuf, writable=inplace)
-        opn = e.op(op, send.dtype)
-        params = arithmetic(send.dtype, opn, _deterministic(e, deterministic))
-        if not at_root:
-            return Call(self, send, None, send.size, opn, root, params=params), None
-        recv = send if inplace else e.recv(recvbuf, send, send.size)
-        return Call(self, send, recv, send.size, opn, root, inplace=inplace, params=params), \
-            _result(recvbuf, recv, sendbuf.shape)
-
-    def args(self, call):
-        return dict(sendbuf=call.send, recvbuf=call.recv, root=call.root, op=call.op)
-
-    def mpi_plan(self, t, call, args, choice, slow, tuner=None):
-        # as send_recv_plan's, with the root: a result only there (a new array, IN_PLACE, or
-        # the user's, which must not overlap the send buffer), the send buffer alone elsewhere
-        sendbuf = args["sendbuf"]
-        _, mpi_op, in_place, mpi_type = t.mpi_function("Reduce", call.op, sendbuf.dtype)
-        root, dtype = call.root, sendbuf.dtype
-        may_share = np.may_share_memory
-        if t.rank != root:
-            def build(sendbuf, recvbuf):
-                return ((sendbuf, mpi_type), None, mpi_op, root), None
-        else:
-            def build(sendbuf, recvbuf):
-                if recvbuf is None:
-                    recvbuf = np.empty(sendbuf.shape, dtype)
-                elif recvbuf is sendbuf:
-                    return (in_place, (recvbuf, mpi_type), mpi_op, root), recvbuf
-                elif (sendbuf.base is not None or recvbuf.base is not None) and may_share(sendbuf, recvbuf):
-                    return None
-                return ((sendbuf, mpi_type), (recvbuf, mpi_type), mpi_op, root), recvbuf
-        return call_plan(t, "Reduce", build, label(self, "mpi", call), choice, slow, tuner)
-
-
-class _Alltoall(Collective, specs.Alltoall):
-    mpi_methods = ("Alltoall",)
-
-    def prepare(self, e, sendbuf, recvbuf):
-        p = e.t.size
-        inplace = recvbuf is not None and recvbuf is sendbuf
-        send = e.array("sendbuf", sendbuf, writable=inplace)
-        if send.size % p:
-            e.fail(f"sendbuf has {send.size} elements, expected a multiple of {p} (one block per rank)")
-        recv = send if inplace else e.recv(recvbuf, send, send.size)
-        call = Call(self, send, recv, send.size, counts=(send.size // p,) * p, inplace=inplace)
-        return call, _result(recvbuf, recv, sendbuf.shape)
-
-    def args(self, call):
-        return dict(sendbuf=call.send, recvbuf=call.recv)
-
-    def mpi_plan(self, t, call, args, choice, slow, tuner=None):
-        return send_recv_plan(t, "Alltoall", None, None, args["sendbuf"].dtype, "alltoall/mpi", choice,
-                              slow, tuner)
-
-
-#: the specs as the API serves them, by name (`ringmpi.specs.SPECS`, each with the call path's part)
-SPECS: dict[str, Collective] = {s.name: s for s in (_Allreduce(), _ReduceScatter(), _Allgather(), _Broadcast(),
-                                                     _Reduce(), _Alltoall())}
-
-_ALLREDUCE, _REDUCE_SCATTER, _ALLGATHER, _BROADCAST, _REDUCE, _ALLTOALL = SPECS.values()
-
-
-def spec(name: str) -> Collective:
-    """The API's spec of collective `name` (ValueError naming the valid ones otherwise)."""
-    specs.spec(name)   # (its error names the collectives)
-    return SPECS[name]
-
+def invoke(spec: specs.Collective, call: Call, comm: Any = None, algorithm: str = "auto") -> Any:
+    """The public function on a harness call (`spec.make`): what a user's program runs."""
+    return globals()[spec.name](**spec.args(call), comm=comm, algorithm=algorithm)
 
 
 # -- the public calls ------------------------------------------------------------------------
@@ -289,7 +53,7 @@ def spec(name: str) -> Collective:
 # that is not an array, takes the full path.
 
 
-def _key(ok: bool, spec: Collective, comm: Any, algorithm: Any, extra: Any, sendbuf: Any, recvbuf: Any) -> tuple | None:
+def _key(ok: bool, spec: specs.Collective, comm: Any, algorithm: Any, extra: Any, sendbuf: Any, recvbuf: Any) -> tuple | None:
     if not ok:
         return None
     try:
@@ -361,7 +125,7 @@ def _through(m: Memo, plan: Any, sendbuf: Any, recvbuf: Any, extra: Any, comm: A
     return out
 
 
-def _planned(spec: Collective, m: Memo, ok: bool, keyed: Any, extra: Any, comm: Any, algorithm: Any,
+def _planned(spec: specs.Collective, m: Memo, ok: bool, keyed: Any, extra: Any, comm: Any, algorithm: Any,
              args: dict) -> Any:
     """A call its memo `m` missed: the plan kept for its key (`ok`: a key can be made;
     `keyed`: the other arguments as the key holds them, `extra` as the memo compares them),
@@ -538,7 +302,7 @@ class Parameters:
         return given
 
 
-def _as_request(blocking: Any, spec: Collective, persistent: bool) -> Any:
+def _as_request(blocking: Any, spec: specs.Collective, persistent: bool) -> Any:
     """The nonblocking or persistent form of public function `blocking`: its arguments
     (the same names and defaults), a `ringmpi.requests.Request` or `Persistent` back."""
     sig = inspect.signature(blocking)
@@ -594,7 +358,7 @@ class RequestMemo:
     the 32 made last. `margins`: `api.request`'s, for the calls it begins (the drop-in's)."""
     __slots__ = ("spec", "calls", "margins")
 
-    def __init__(self, spec: Collective, margins: Any = None) -> None:
+    def __init__(self, spec: specs.Collective, margins: Any = None) -> None:
         self.spec, self.margins = spec, margins
         self.calls: LRU = LRU(32, refresh=False)   # (a loop over more buckets misses either way)
 
@@ -665,13 +429,51 @@ def shift(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, offset: int
         t.sendrecv(send, (r + offset) % p, recv, (r - offset) % p)
     finally:
         t.end()
-    return _result(recvbuf, recv, sendbuf.shape)
+    return returned(recvbuf, recv, sendbuf.shape)
 
 
-iallreduce, ireduce_scatter, iallgather, ibroadcast, ireduce, ialltoall = (
-    _as_request(f, SPECS[f.__name__], False) for f in (allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall))
-allreduce_init, reduce_scatter_init, allgather_init, broadcast_init, reduce_init, alltoall_init = (
-    _as_request(f, SPECS[f.__name__], True) for f in (allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall))
+def _blocking(spec: specs.Collective) -> Callable:
+    """The public call of a collective that has no function written out above (one added
+    by its spec alone): the arguments of its `prepare` (the same names and defaults), then
+    `comm` and `algorithm`, and the full path (`api.execute`) every call."""
+    sig = inspect.signature(spec.prepare)
+    kw = inspect.Parameter.KEYWORD_ONLY
+    sig = sig.replace(parameters=[*list(sig.parameters.values())[1:], inspect.Parameter("comm", kw, default=None),
+                                  inspect.Parameter("algorithm", kw, default="auto")])
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        given = parameters.bind(f"ringmpi.{spec.name}", args, kwargs)
+        return execute(spec, given.pop("comm"), given.pop("algorithm"), given)
+    call.__name__ = call.__qualname__ = spec.name
+    call.__signature__ = sig
+    call.__doc__ = type(spec).__doc__
+    parameters = Parameters(call)
+    return call
+
+
+def _serve(spec: specs.Collective) -> None:
+    """Make the public, nonblocking and persistent calls of `spec` (those not written out
+    here) and list them in `__all__`."""
+    blocking = globals().get(spec.name) or _blocking(spec)
+    for name, call in ((spec.name, blocking), (f"i{spec.name}", _as_request(blocking, spec, False)),
+                       (f"{spec.name}_init", _as_request(blocking, spec, True))):
+        globals().setdefault(name, call)
+        if name not in __all__:
+            __all__.append(name)
+
+
+def __getattr__(name: str) -> Any:
+    """The calls of a collective added after this module (`specs.add`: a plug-in), made at
+    first use."""
+    base = name[1:] if name.startswith("i") and name[1:] in SPECS else name.removesuffix("_init")
+    if base not in SPECS or base in globals():
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    _serve(SPECS[base])
+    return globals()[name]
+
+
+for _spec in list(SPECS.values()):
+    _serve(_spec)
 
 
 def shared_empty(shape: int | Sequence[int], dtype: Any = np.float64, *, comm: Any = None) -> np.ndarray:

@@ -55,7 +55,8 @@ from .errors import RankFailure, RingmpiError, RingmpiUsageError
 from .ops import OPS, canonical, op_name, wire
 from .settings import log, settings
 from .shm import SPINS
-from .transport import IN_PLACE, LRU, CountedMemory, Counters, PrivateMemory, ReceiveThenReduce, split_nodes
+from .transport import (IN_PLACE, LRU, CountedMemory, Counters, MPIPlan, PrivateMemory, ReceiveThenReduce,
+                        split_nodes)
 
 __all__ = ["MPI", "MPITransport", "shrink", "fault_tolerant", "RequestView", "transport", "world_position", "abort_on_exception", "selection_default", "library_version", "mpi_standard", "mpi4py_version", "INT_MAX", "cuda_support"]
 
@@ -241,6 +242,13 @@ class _Wire(CountedMemory, PrivateMemory, ReceiveThenReduce):
             self._in_pieces(function, args, arrays)
             return
         self._invoke(function, given)
+
+    def mpi_plan(self, call: Any, args: dict) -> MPIPlan | None:
+        """MPI's own collective for calls shaped like `call` with the user's arrays as they
+        are (`_MPI_PLANS`; the API builds the fast path from it), or None where this call
+        shape needs the general path (`mpi`)."""
+        plan = _MPI_PLANS.get(call.collective.name)
+        return None if plan is None else plan(self, call, args)
 
     def mpi_serves(self, call: Any) -> bool:
         """Whether the library's own collective can take `call`: its counts are C ints, but
@@ -938,7 +946,7 @@ def _reduce_scatter(t: Any, call: Any) -> None:
     # MPI's in-place form leaves the result at the front of the buffer, ours at block r;
     # an empty block still carries the buffer's address, which MPICH rejects as aliased.
     alias = call.inplace or (call.recv.size == 0 and call.send.size > 0)
-    if not alias and call.count and len(set(call.counts)) == 1:   # what the plan calls (`Collective.mpi_plan`)
+    if not alias and call.count and len(set(call.counts)) == 1:   # what the plan calls (`_reduce_scatter_plan`)
         t.mpi_call("Reduce_scatter_block", call.send, call.recv, call.op)
         return
     out = t.empty(call.recv.size, call.dtype) if alias else call.recv
@@ -968,7 +976,67 @@ def _alltoall(t: Any, call: Any) -> None:
 
 
 _MPI_FUNCTIONS = {"allreduce": _allreduce, "reduce_scatter": _reduce_scatter, "allgather": _allgather,
-        "broadcast": _broadcast, "reduce": _reduce, "alltoall": _alltoall}
+                  "broadcast": _broadcast, "reduce": _reduce, "alltoall": _alltoall}
+
+
+# -- MPI's own collective on the user's arrays as they are (`MPIPlan`: the fast path) ------------
+#: a new all-reduce result up to this size is the send buffer's copy reduced in place
+#: (`api.send_recv_plan`): the copy costs less than the second buffer mpi4py parses; at
+#: 4 KiB it loses (benchmarks/README.md, "Figures behind constants in the code")
+_COPY_IN_PLACE = 1024
+
+
+def _allreduce_plan(t: Any, call: Any, args: dict) -> MPIPlan:
+    send = args["sendbuf"]
+    return MPIPlan("Allreduce", call.op, None, send.dtype, copy_in_place=send.nbytes <= _COPY_IN_PLACE)
+
+
+def _reduce_scatter_plan(t: Any, call: Any, args: dict) -> MPIPlan | None:
+    if call.inplace or args.get("counts") is not None or not call.count or call.count % t.size:
+        return None  # ringmpi's in-place result sits in block r, MPI's at the front
+    return MPIPlan("Reduce_scatter_block", call.op, (call.count // t.size,), args["sendbuf"].dtype)
+
+
+def _allgather_plan(t: Any, call: Any, args: dict) -> MPIPlan | None:
+    if args.get("counts") is not None:
+        return None
+    return MPIPlan("Allgather", None, (call.count,), args["sendbuf"].dtype)
+
+
+def _broadcast_plan(t: Any, call: Any, args: dict) -> MPIPlan:
+    root = call.root
+    return MPIPlan("Bcast", build=lambda buf, _: ((buf, root), buf))
+
+
+def _reduce_plan(t: Any, call: Any, args: dict) -> MPIPlan:
+    # as an MPIPlan without `build`, with the root: a result only there (a new array,
+    # IN_PLACE, or the user's, which must not overlap the send buffer), the send buffer
+    # alone elsewhere
+    dtype = args["sendbuf"].dtype
+    _, mpi_op, in_place, mpi_type = t.mpi_function("Reduce", call.op, dtype)
+    root = call.root
+    may_share = np.may_share_memory
+    if t.rank != root:
+        def build(sendbuf: Any, recvbuf: Any) -> tuple | None:
+            return ((sendbuf, mpi_type), None, mpi_op, root), None
+    else:
+        def build(sendbuf: Any, recvbuf: Any) -> tuple | None:
+            if recvbuf is None:
+                recvbuf = np.empty(sendbuf.shape, dtype)
+            elif recvbuf is sendbuf:
+                return (in_place, (recvbuf, mpi_type), mpi_op, root), recvbuf
+            elif (sendbuf.base is not None or recvbuf.base is not None) and may_share(sendbuf, recvbuf):
+                return None
+            return ((sendbuf, mpi_type), (recvbuf, mpi_type), mpi_op, root), recvbuf
+    return MPIPlan("Reduce", build=build)
+
+
+def _alltoall_plan(t: Any, call: Any, args: dict) -> MPIPlan:
+    return MPIPlan("Alltoall", None, None, args["sendbuf"].dtype)
+
+
+_MPI_PLANS = {"allreduce": _allreduce_plan, "reduce_scatter": _reduce_scatter_plan, "allgather": _allgather_plan,
+              "broadcast": _broadcast_plan, "reduce": _reduce_plan, "alltoall": _alltoall_plan}
 
 _SALTS = 251                 # (prime) labels per sequence number in the tag space
 _SALT: dict[str, int] = {}   # label -> 1 .. _SALTS-1, the same in every process (not hash())

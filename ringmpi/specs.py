@@ -1,17 +1,20 @@
-"""What is true of a collective whatever carries it: one spec each (the nccl-tests plug-in idea).
+"""A collective, whatever carries it: one spec each (the nccl-tests plug-in idea).
 
     nccl_count / size       the benchmark's count column and bytes (per rank or whole vector)
     busbw_factor(p)         nccl-tests' bus bandwidth factor
     make(rank, p, x, ...)   a harness call (simulator, benchmark, demo) from this rank's input x
     expected(xs, rank, ..)  the exact result on `rank` from every rank's input (numpy)
     output / shown          what a harness call returns / what the simulator's tables print
-    simulated_mpi        the algorithm the simulator runs for MPI's own (opaque) collective
+    simulated_mpi           the algorithm the simulator runs for MPI's own (opaque) collective
+    prepare(edge, ...)      the public call's validation: the user's arguments into a `Call`
+    args(call) / again      a harness call's public arguments / a call on the very same arrays
 
-The spec knows nothing of MPI, of the user's arguments or of the call path, so the
-simulator, the model's tools and the benchmark's harness stand on it below the API. What
-the API adds to a spec to serve the public call (validating the user's arguments into a
-`Call`, MPI's own collective, the fast path's plans) is the subclass of the same name in
-`ringmpi.collectives`; a call the API prepares carries that subclass as its `collective`.
+A spec names MPI's functions for the collective (`mpi_methods`, which the drop-in serves)
+but knows nothing of how MPI is called or of the call path: the MPI transport says how
+MPI's own runs a call (`ringmpi.mpicomm`: `mpi`, `mpi_plan`), the API runs the rest, and
+the simulator, the model's tools and the benchmark's harness stand on the specs below both.
+Adding a collective is its spec here and its schedule module in `ringmpi/schedules/`: its
+public, nonblocking and persistent calls follow from the spec (`ringmpi.collectives`).
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from .call import Call, block_counts, offsets
 from .ops import ACCUMULATOR, OPS, ROUNDING, is_half, kind
 from .settings import settings
 
-__all__ = ["Collective", "SPECS", "spec", "arithmetic", "fold", "blank"]
+__all__ = ["Collective", "SPECS", "spec", "arithmetic", "fold", "blank", "flat_view", "returned", "add"]
 
 
 def fold(op: str, arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -60,6 +63,26 @@ def blank(n: int, like: np.ndarray) -> np.ndarray:
     return np.full(n, None, dtype=object) if like.dtype.kind == "O" else np.zeros(n, like.dtype)
 
 
+def flat_view(buf: np.ndarray, canonical: np.dtype) -> np.ndarray:
+    """A checked host array as ringmpi sends it: flat, a plain ndarray (subclasses such as
+    np.matrix viewed as one), in its canonical dtype."""
+    if type(buf) is np.ndarray and buf.ndim == 1 and buf.dtype.char == canonical.char:
+        return buf   # (already one: a view of it would cost a nonblocking call's restart a third)
+    flat = buf.reshape(-1) if type(buf) is np.ndarray else buf.view(np.ndarray).reshape(-1)
+    return flat if buf.dtype.char == canonical.char else flat.view(canonical)
+
+
+def _deterministic(e: Any, value: Any) -> bool | None:
+    if value is not None and not isinstance(value, (bool, np.bool_)):
+        e.fail(f"deterministic must be True, False or None (RINGMPI_DETERMINISTIC), got {value!r}")
+    return None if value is None else bool(value)
+
+
+def returned(recvbuf: Any, flat: np.ndarray, shape: tuple) -> Any:
+    """What a public call returns: the user's result buffer, else the new one shaped."""
+    return recvbuf if recvbuf is not None else flat.reshape(shape)
+
+
 class Collective:
     """What is true of a collective whatever the algorithm and whatever carries it
     (override per collective)."""
@@ -71,6 +94,9 @@ class Collective:
     simulated_mpi = ""    # the algorithm the simulator runs for "mpi" (the library's choice is opaque)
     taught = ""              # the algorithm the lecture's tables show
     has_out_of_place = True
+    send_arg, recv_arg = "sendbuf", "recvbuf"   # the public function's buffer arguments
+    #: MPI's functions of this collective, which the drop-in (`ringmpi.Comm`) serves
+    mpi_methods: tuple[str, ...] = ()
 
     def busbw_factor(self, p: int) -> float:
         return 1.0
@@ -100,12 +126,35 @@ class Collective:
         """The buffer the simulator's symbolic tables print after every round."""
         return call.recv if call.recv is not None else call.send
 
+    def prepare(self, e: Any, **args: Any) -> tuple[Call, Any]:
+        """The public call's arguments checked on this rank (`e`: the API's `Edge`, whose
+        `fail` raises the one-line error): the `Call`, and what the public call returns."""
+        raise NotImplementedError
+
+    def args(self, call: Call) -> dict:
+        """The public function's arguments (but comm and algorithm) for a harness call."""
+        raise NotImplementedError
+
+    def again(self, call: Call, dtype: np.dtype, canonical: np.dtype, sendbuf: Any, recvbuf: Any) -> Call | None:
+        """`prepare`'s Call (`call`, its buffers stripped) for the very arrays (the same
+        objects, so the same memory, shape and strides) it last accepted, or None to
+        prepare afresh: for collectives whose buffers are the user's arrays, flat."""
+        return None
+
+    def with_buffers(self, args: dict, sendbuf: Any, recvbuf: Any) -> dict:
+        """The public function's arguments `args` with these buffers."""
+        out = {**args, self.send_arg: sendbuf}
+        if self.recv_arg:
+            out[self.recv_arg] = recvbuf
+        return out
+
     def __repr__(self) -> str:
         return f"<collective {self.name}>"
 
 
 class Allreduce(Collective):
     name, reduces, busbw, simulated_mpi, taught = "allreduce", True, "2(n-1)/n", "rabenseifner", "ring"
+    mpi_methods = ("Allreduce",)
 
     def busbw_factor(self, p):
         return 2 * (p - 1) / p
@@ -118,10 +167,31 @@ class Allreduce(Collective):
     def expected(self, xs, rank, op=None, root=0):
         return fold(op, xs)
 
+    def prepare(self, e, sendbuf, recvbuf, op, deterministic=None):
+        inplace = recvbuf is not None and recvbuf is sendbuf
+        send = e.array("sendbuf", sendbuf, writable=inplace)
+        opn = e.op(op, send.dtype)
+        recv = send if inplace else e.recv(recvbuf, send, send.size)
+        return Call(self, send, recv, send.size, opn, inplace=inplace,
+                    params=arithmetic(send.dtype, opn, _deterministic(e, deterministic))), \
+            returned(recvbuf, recv, sendbuf.shape)
+
+    def again(self, call, dtype, canonical, sendbuf, recvbuf):
+        # all that can change about the same array objects: their writability, a dtype set in place
+        if sendbuf.dtype is not dtype or recvbuf.dtype is not dtype or not recvbuf.flags.writeable:
+            return None
+        send = flat_view(sendbuf, canonical)
+        recv = send if call.inplace else flat_view(recvbuf, canonical)
+        return Call(self, send, recv, call.count, call.op, call.root, call.counts, call.inplace, call.params)
+
+    def args(self, call):
+        return dict(sendbuf=call.send, recvbuf=call.recv, op=call.op)
+
 
 class ReduceScatter(Collective):
     name, reduces, per_rank, busbw, simulated_mpi, taught = \
         "reduce_scatter", True, True, "(n-1)/n", "ring", "ring"
+    mpi_methods = ("Reduce_scatter", "Reduce_scatter_block")
 
     def busbw_factor(self, p):
         return (p - 1) / p
@@ -143,9 +213,27 @@ class ReduceScatter(Collective):
     def shown(self, call):
         return call.send if call.inplace else call.recv
 
+    def prepare(self, e, sendbuf, recvbuf, op, counts=None, deterministic=None):
+        inplace = recvbuf is not None and recvbuf is sendbuf
+        send = e.array("sendbuf", sendbuf, writable=inplace)
+        opn = e.op(op, send.dtype)
+        c = tuple(block_counts(send.size, e.t.size)) if counts is None else e.counts(counts, send.size)
+        r = e.t.rank
+        params = arithmetic(send.dtype, opn, _deterministic(e, deterministic))
+        if inplace:
+            off = offsets(c)
+            recv = send[off[r]:off[r + 1]]
+            return Call(self, send, recv, send.size, opn, counts=c, inplace=True, params=params), recv
+        recv = e.recv(recvbuf, send, c[r])
+        return Call(self, send, recv, send.size, opn, counts=c, params=params), returned(recvbuf, recv, (c[r],))
+
+    def args(self, call):
+        return dict(sendbuf=call.send, recvbuf=call.send if call.inplace else call.recv, op=call.op, counts=None)
+
 
 class Allgather(Collective):
     name, per_rank, busbw, simulated_mpi, taught = "allgather", True, "(n-1)/n", "recursive_doubling", "ring"
+    mpi_methods = ("Allgather", "Allgatherv")
 
     def busbw_factor(self, p):
         return (p - 1) / p
@@ -162,9 +250,37 @@ class Allgather(Collective):
     def expected(self, xs, rank, op=None, root=0):
         return np.concatenate(xs)
 
+    def prepare(self, e, sendbuf, recvbuf, counts=None):
+        p, r = e.t.size, e.t.rank
+        inplace = recvbuf is not None and recvbuf is sendbuf
+        buf = e.array("sendbuf", sendbuf, writable=inplace)
+        if counts is not None:
+            c = e.counts(counts)
+        elif inplace:
+            if buf.size % p:
+                e.fail(f"in-place buffer has {buf.size} elements, expected a multiple of {p} "
+                       "(pass counts= for uneven blocks)")
+            c = (buf.size // p,) * p
+        else:
+            c = (buf.size,) * p
+        off = offsets(c)
+        if inplace:
+            if buf.size != off[-1]:
+                e.fail(f"in-place buffer has {buf.size} elements, expected sum(counts) = {off[-1]}")
+            return Call(self, buf[off[r]:off[r + 1]], buf, off[-1], counts=c, inplace=True), recvbuf
+        if buf.size != c[r]:
+            e.fail(f"sendbuf has {buf.size} elements, expected counts[{r}] = {c[r]}")
+        recv = e.recv(recvbuf, buf, off[-1])
+        return Call(self, buf, recv, off[-1], counts=c), returned(recvbuf, recv, (off[-1],))
+
+    def args(self, call):
+        return dict(sendbuf=call.recv if call.inplace else call.send, recvbuf=call.recv, counts=None)
+
 
 class Broadcast(Collective):
     name, rooted, simulated_mpi, taught, has_out_of_place = "broadcast", True, "tree", "pipeline", False
+    mpi_methods = ("Bcast",)
+    send_arg, recv_arg = "buf", None
 
     def make(self, rank, p, x, *, op=None, root=0, inplace=True):
         buf = x.copy() if rank == root else blank(x.size, x)
@@ -173,9 +289,19 @@ class Broadcast(Collective):
     def expected(self, xs, rank, op=None, root=0):
         return xs[root]
 
+    def prepare(self, e, buf, root, segments=None):
+        flat = e.array("buf", buf, writable=True)
+        root = e.root(root)
+        params = () if segments is None else (("segments", e.integer("segments", segments, 1)),)
+        return Call(self, flat, flat, flat.size, None, root, inplace=True, params=params), buf
+
+    def args(self, call):
+        return dict(buf=call.recv, root=call.root, segments=call.param("segments"))
+
 
 class Reduce(Collective):
     name, reduces, rooted, simulated_mpi, taught = "reduce", True, True, "tree", "ring"
+    mpi_methods = ("Reduce",)
 
     def make(self, rank, p, x, *, op=None, root=0, inplace=False):
         send = x.copy()
@@ -185,9 +311,26 @@ class Reduce(Collective):
     def expected(self, xs, rank, op=None, root=0):
         return fold(op, xs) if rank == root else None
 
+    def prepare(self, e, sendbuf, recvbuf, root, op, deterministic=None):
+        root = e.root(root)
+        at_root = e.t.rank == root
+        inplace = at_root and recvbuf is not None and recvbuf is sendbuf
+        send = e.array("sendbuf", sendbuf, writable=inplace)
+        opn = e.op(op, send.dtype)
+        params = arithmetic(send.dtype, opn, _deterministic(e, deterministic))
+        if not at_root:
+            return Call(self, send, None, send.size, opn, root, params=params), None
+        recv = send if inplace else e.recv(recvbuf, send, send.size)
+        return Call(self, send, recv, send.size, opn, root, inplace=inplace, params=params), \
+            returned(recvbuf, recv, sendbuf.shape)
+
+    def args(self, call):
+        return dict(sendbuf=call.send, recvbuf=call.recv, root=call.root, op=call.op)
+
 
 class Alltoall(Collective):
     name, busbw, simulated_mpi, taught = "alltoall", "(n-1)/n", "pairwise", "pairwise"
+    mpi_methods = ("Alltoall",)
 
     def busbw_factor(self, p):
         return (p - 1) / p
@@ -204,9 +347,32 @@ class Alltoall(Collective):
         b = xs[0].size // len(xs)
         return np.concatenate([x[rank * b:(rank + 1) * b] for x in xs])
 
+    def prepare(self, e, sendbuf, recvbuf):
+        p = e.t.size
+        inplace = recvbuf is not None and recvbuf is sendbuf
+        send = e.array("sendbuf", sendbuf, writable=inplace)
+        if send.size % p:
+            e.fail(f"sendbuf has {send.size} elements, expected a multiple of {p} (one block per rank)")
+        recv = send if inplace else e.recv(recvbuf, send, send.size)
+        call = Call(self, send, recv, send.size, counts=(send.size // p,) * p, inplace=inplace)
+        return call, returned(recvbuf, recv, sendbuf.shape)
+
+    def args(self, call):
+        return dict(sendbuf=call.send, recvbuf=call.recv)
+
 
 SPECS: dict[str, Collective] = {s.name: s for s in (Allreduce(), ReduceScatter(), Allgather(), Broadcast(), Reduce(),
                                                      Alltoall())}
+
+
+def add(spec: Collective) -> Collective:
+    """A collective from outside the package (a plug-in), by its spec: it joins `SPECS`, and
+    `ringmpi.<name>`, `ringmpi.i<name>` and `ringmpi.<name>_init` serve it once its
+    algorithms are registered (`ringmpi.schedules.register`)."""
+    if not spec.name or spec.name in SPECS:
+        raise ValueError(f"a new collective needs a name of its own, got {spec.name!r}")
+    SPECS[spec.name] = spec
+    return spec
 
 
 def spec(name: str) -> Collective:

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, NamedTuple, Protocol, Sequence, runtime_checkable
 
-__all__ = ["Counters", "Memory", "Transport", "CountedMemory", "PrivateMemory", "Group", "IN_PLACE", "LRU", "ReceiveThenReduce", "SubGroup", "split_nodes"]
+__all__ = ["Counters", "Memory", "Transport", "CountedMemory", "PrivateMemory", "Group", "IN_PLACE", "LRU", "MPIPlan", "ReceiveThenReduce", "SubGroup", "split_nodes"]
 
 class _InPlace:
     """Stands for MPI_IN_PLACE in `Group.mpi_call` calls (translated by the MPI transport)."""
@@ -32,6 +32,21 @@ class _InPlace:
 
 
 IN_PLACE = _InPlace()
+
+
+class MPIPlan(NamedTuple):
+    """MPI's own collective called with the user's arrays as they are (the API's fast
+    path), as the MPI transport says it for one call shape (`Group.mpi_plan`):
+    `function(send, recv[, op])`, a new result of `shape` (None: the send buffer's) and
+    `dtype` where the caller passes none (`copy_in_place`: a copy of the send buffer,
+    reduced in place); or, with `build`, `function(*args)` where
+    `(args, result) = build(sendbuf, recvbuf)` (None: the call needs the full path)."""
+    function: str
+    op: str | None = None
+    shape: tuple | None = None
+    dtype: Any = None
+    copy_in_place: bool = False
+    build: Callable | None = None
 
 
 @dataclass
@@ -111,6 +126,7 @@ class Group(Transport, Protocol):
     def allgather_obj(self, obj: Any) -> list: ...
     def allreduce_max(self, values: list) -> list: ...
     def mpi_function(self, function: str, op: str | None = None, dtype: Any = None) -> tuple: ...
+    def mpi_plan(self, call: Any, args: dict) -> MPIPlan | None: ...
     def abort(self, code: int = 1) -> None: ...
 
 

@@ -48,7 +48,8 @@ from ..api import group, mpi_reference
 from ..auto import DEFAULT, profile_of, profile_path, set_profile
 from ..calibrate import (Sample, copy_runner, fit_measured, fit_quality, measure_copy, measure_gamma, measure_p2p,
                          unphysical)
-from ..collectives import SPECS, Collective
+from ..collectives import SPECS
+from ..specs import Collective
 from ..errors import RingmpiUsageError
 from ..ops import OPS, SUPPORTED_DTYPES, check_op_dtype
 from ..units import SIZE_HELP, size_label

@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import schedules
 from ..api import group
-from ..collectives import SPECS
+from ..collectives import SPECS, invoke
 
 __all__ = ["add_parser", "run"]
 
@@ -38,7 +38,7 @@ def run(ns: argparse.Namespace) -> int:
             call = spec.make(r, p, x, op="SUM" if spec.reduces else None, root=0)
             t.barrier()
             t0 = t.wtime()
-            spec.invoke(call, t.user_comm, alg)
+            invoke(spec, call, t.user_comm, alg)
             dt = max(t.allgather_obj(t.wtime() - t0))
             got = spec.output(call)
             ok = all(t.allgather_obj(want is None or np.array_equal(got, want)))

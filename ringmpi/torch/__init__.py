@@ -21,15 +21,11 @@ the caller computes, with no call into ringmpi.
 """
 from __future__ import annotations
 
-from .tensors import (COLLECTIVES, TensorRequest, allgather, allreduce, alltoall, as_array, as_tensor, broadcast,
-                      iallgather, iallreduce, ialltoall, ibroadcast, ireduce, ireduce_scatter, overlaps, reduce,
-                      reduce_scatter)
+from . import tensors
+from .tensors import *  # noqa: F401,F403  (the collectives on tensors, blocking and nonblocking: tensors.__all__)
 from .distributed import HookState, allreduce_hook, destroy_process_group, init_process_group
 from .hw5 import average_gradients, partition_indices, train_step
 from . import distributed
 
-__all__ = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall",
-           "iallreduce", "ireduce_scatter", "iallgather", "ibroadcast", "ireduce", "ialltoall",
-           "TensorRequest", "as_array", "as_tensor", "overlaps", "COLLECTIVES", "distributed",
-           "init_process_group", "destroy_process_group", "allreduce_hook", "HookState",
+__all__ = [*tensors.__all__, "distributed", "init_process_group", "destroy_process_group", "allreduce_hook", "HookState",
            "partition_indices", "average_gradients", "train_step"]

@@ -17,11 +17,11 @@ from .. import collectives
 from ..api import group, overlaps, request
 from ..dp.arrays import device_module
 
-__all__ = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall",
-           "iallreduce", "ireduce_scatter", "iallgather", "ibroadcast", "ireduce", "ialltoall",
-           "TensorRequest", "as_array", "as_tensor", "overlaps", "COLLECTIVES"]
+#: the collectives (`ringmpi.specs`), each blocking and nonblocking on tensors (made below)
+COLLECTIVES = tuple(collectives.SPECS)
 
-COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall")
+__all__ = ["TensorRequest", "as_array", "as_tensor", "overlaps", "COLLECTIVES",
+           *COLLECTIVES, *(f"i{name}" for name in COLLECTIVES)]
 
 
 def as_array(t: Any, call: str = "ringmpi.torch", what: Any = "buffer") -> Any:
@@ -258,5 +258,5 @@ def _nonblocking(name: str) -> Callable:
     return call
 
 
-allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall = (_blocking(n) for n in COLLECTIVES)
-iallreduce, ireduce_scatter, iallgather, ibroadcast, ireduce, ialltoall = (_nonblocking(n) for n in COLLECTIVES)
+for _name in COLLECTIVES:
+    globals()[_name], globals()[f"i{_name}"] = _blocking(_name), _nonblocking(_name)
