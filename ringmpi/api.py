@@ -520,7 +520,7 @@ class _Bound:
     def finish(self, view: Any, call: Call, result: Any) -> Any:
         """MPI's own collective is complete: AVG's division, then the result."""
         if call.op == "AVG" and call.recv is not None:
-            view.scale(call.recv, self.t.size)
+            view.scale(call.recv, call.collective.divisor(self.t.size, self.t.rank))
         return result
 
 
@@ -598,6 +598,9 @@ def _runnable(e: Edge, spec: Any, name: str, call: Call, on: Any) -> tuple[Any, 
     if why:
         e.fail(f"algorithm {name!r} cannot run here: {why}")
     if alg.cost is None and not on.mpi_serves(call):
+        if call.count <= on.max_count:
+            e.fail(f"algorithm 'mpi' cannot run {spec.name}: the MPI library has no function for it; use one of "
+                   "ringmpi's algorithms or 'auto'")
         e.fail(f"algorithm 'mpi' cannot take {call.count} elements: the MPI library's {spec.name} counts are "
                f"C ints (at most {on.max_count}); use one of ringmpi's algorithms or 'auto'")
     return alg, _with_tunables(on, alg, call)

@@ -60,6 +60,7 @@ from .settings import settings
 __all__ = ["Comm", "COLLECTIVES", "stats"]
 
 #: the keyword arguments of Comm(...): which ringmpi collective serves which mpi4py calls
+#: (the methods its spec names that `Comm` has, set after the class)
 COLLECTIVES = {name: spec.mpi_methods for name, spec in _c.SPECS.items()}
 _OPS = ((MPI.SUM, "SUM"), (MPI.PROD, "PROD"), (MPI.MAX, "MAX"), (MPI.MIN, "MIN"), (MPI.LAND, "LAND"),
         (MPI.LOR, "LOR"), (MPI.LXOR, "LXOR"), (MPI.BAND, "BAND"), (MPI.BOR, "BOR"), (MPI.BXOR, "BXOR"))
@@ -985,6 +986,8 @@ class Comm(MPI.Intracomm):
 
 for _attribute in _KEPT_METHODS.values():   # each method's kept forms (`_Kept`): none yet
     setattr(Comm, _attribute, None)
+COLLECTIVES = {name: served for name, methods in COLLECTIVES.items()
+               if (served := tuple(m for m in methods if m in vars(Comm)))}
 
 
 @dataclass

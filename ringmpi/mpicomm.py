@@ -224,10 +224,11 @@ class _Wire(CountedMemory, PrivateMemory, ReceiveThenReduce):
 
     @staticmethod
     def mpi_through(call: Any, through: Any) -> None:
-        """MPI's own collective for `call`: which library function it is (`_MPI_FUNCTIONS`), called
-        through `through.mpi_call` (this transport, a request's, or a device group's, whose
-        scratch and copies are on the device)."""
-        _MPI_FUNCTIONS[call.collective.name](through, call)
+        """MPI's own collective for `call`: which library function it is (`_MPI_FUNCTIONS`;
+        `_send_recv` for a collective the table does not name), called through
+        `through.mpi_call` (this transport, a request's, or a device group's, whose scratch
+        and copies are on the device)."""
+        _MPI_FUNCTIONS.get(call.collective.name, _send_recv)(through, call)
 
     def mpi_call(self, function: str, *args: Any) -> None:
         """Call communicator method `function` (e.g. "Allreduce") with ringmpi's arguments
@@ -252,8 +253,11 @@ class _Wire(CountedMemory, PrivateMemory, ReceiveThenReduce):
 
     def mpi_serves(self, call: Any) -> bool:
         """Whether the library's own collective can take `call`: its counts are C ints, but
-        an element-wise one is cut into pieces (`_in_pieces`)."""
-        return call.collective.name in _CUT or call.count <= self.max_count
+        an element-wise one is cut into pieces (`_in_pieces`); a collective the library has
+        no function for (its spec names none) it cannot take at all."""
+        spec = call.collective
+        return spec.name in _CUT or call.count <= self.max_count and (spec.name in _MPI_FUNCTIONS or
+                                                                      bool(spec.mpi_methods))
 
     def device(self, backend: Any, aware: bool) -> Any:
         """The transport for calls on `backend`'s device buffers (`ringmpi.device`), made at
@@ -973,6 +977,13 @@ def _reduce(t: Any, call: Any) -> None:
 
 def _alltoall(t: Any, call: Any) -> None:
     t.mpi_call("Alltoall", IN_PLACE if call.inplace else call.send, call.recv)
+
+
+def _send_recv(t: Any, call: Any) -> None:
+    # a collective added by its spec alone: MPI's function that its spec names first, taking
+    # (send, recv[, op]) as MPI_Allreduce does (MPI_Scan, MPI_Exscan, ...)
+    op = (call.op,) if call.op is not None else ()
+    t.mpi_call(call.collective.mpi_methods[0], IN_PLACE if call.inplace else call.send, call.recv, *op)
 
 
 _MPI_FUNCTIONS = {"allreduce": _allreduce, "reduce_scatter": _reduce_scatter, "allgather": _allgather,

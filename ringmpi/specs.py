@@ -101,6 +101,10 @@ class Collective:
     def busbw_factor(self, p: int) -> float:
         return 1.0
 
+    def divisor(self, p: int, rank: int) -> int:
+        """What an AVG result is divided by on `rank`, once, after its SUM: the rank count."""
+        return p
+
     def nccl_count(self, nbytes: int, itemsize: int, p: int) -> int:
         return nbytes // itemsize // (p if self.per_rank else 1)
 

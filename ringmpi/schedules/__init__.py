@@ -89,8 +89,8 @@ class Algorithm:
 
     def run(self, t: Transport, call: Call) -> None:
         """Run the body; on one rank every collective is a local copy (or nothing). AVG is
-        a SUM (the bodies reduce with it as with SUM) divided by the rank count at the end,
-        once, where the result is: the same bits on every rank. A call `widens` runs on
+        a SUM (the bodies reduce with it as with SUM) divided by the rank count (the spec's
+        `divisor`) at the end, once, where the result is: the same bits on every rank. A call `widens` runs on
         float32 copies, divided there, and rounds once into the 16-bit result."""
         if t.size > 1 and self.widens(call):
             send = t.empty(call.send.size, ACCUMULATOR)
@@ -106,7 +106,7 @@ class Algorithm:
         else:
             self.body(t, call)
         if call.op == "AVG" and call.recv is not None and not (self.mixed and t.size > 1 and call.wide_partials):
-            t.scale(call.recv, t.size)
+            t.scale(call.recv, call.collective.divisor(t.size, t.rank))
 
     def tuned(self, p: int, count: int, itemsize: int, prof: Profile) -> dict:
         """The tunables this algorithm picks for the call under `prof` ({} if it has none)."""
