@@ -132,7 +132,9 @@ class Collective:
 
     def prepare(self, e: Any, **args: Any) -> tuple[Call, Any]:
         """The public call's arguments checked on this rank (`e`: the API's `Edge`, whose
-        `fail` raises the one-line error): the `Call`, and what the public call returns."""
+        `fail` raises the one-line error): the `Call`, and what the public call returns.
+        Its parameters, with the public call's defaults, are the public call's (a call not
+        written out in `ringmpi.collectives` takes them as they are)."""
         raise NotImplementedError
 
     def args(self, call: Call) -> dict:
@@ -171,7 +173,7 @@ class Allreduce(Collective):
     def expected(self, xs, rank, op=None, root=0):
         return fold(op, xs)
 
-    def prepare(self, e, sendbuf, recvbuf, op, deterministic=None):
+    def prepare(self, e, sendbuf, recvbuf=None, op="sum", deterministic=None):
         inplace = recvbuf is not None and recvbuf is sendbuf
         send = e.array("sendbuf", sendbuf, writable=inplace)
         opn = e.op(op, send.dtype)
@@ -217,7 +219,7 @@ class ReduceScatter(Collective):
     def shown(self, call):
         return call.send if call.inplace else call.recv
 
-    def prepare(self, e, sendbuf, recvbuf, op, counts=None, deterministic=None):
+    def prepare(self, e, sendbuf, recvbuf=None, op="sum", counts=None, deterministic=None):
         inplace = recvbuf is not None and recvbuf is sendbuf
         send = e.array("sendbuf", sendbuf, writable=inplace)
         opn = e.op(op, send.dtype)
@@ -254,7 +256,7 @@ class Allgather(Collective):
     def expected(self, xs, rank, op=None, root=0):
         return np.concatenate(xs)
 
-    def prepare(self, e, sendbuf, recvbuf, counts=None):
+    def prepare(self, e, sendbuf, recvbuf=None, counts=None):
         p, r = e.t.size, e.t.rank
         inplace = recvbuf is not None and recvbuf is sendbuf
         buf = e.array("sendbuf", sendbuf, writable=inplace)
@@ -293,7 +295,7 @@ class Broadcast(Collective):
     def expected(self, xs, rank, op=None, root=0):
         return xs[root]
 
-    def prepare(self, e, buf, root, segments=None):
+    def prepare(self, e, buf, root=0, segments=None):
         flat = e.array("buf", buf, writable=True)
         root = e.root(root)
         params = () if segments is None else (("segments", e.integer("segments", segments, 1)),)
@@ -315,7 +317,7 @@ class Reduce(Collective):
     def expected(self, xs, rank, op=None, root=0):
         return fold(op, xs) if rank == root else None
 
-    def prepare(self, e, sendbuf, recvbuf, root, op, deterministic=None):
+    def prepare(self, e, sendbuf, recvbuf=None, root=0, op="sum", deterministic=None):
         root = e.root(root)
         at_root = e.t.rank == root
         inplace = at_root and recvbuf is not None and recvbuf is sendbuf
@@ -351,7 +353,7 @@ class Alltoall(Collective):
         b = xs[0].size // len(xs)
         return np.concatenate([x[rank * b:(rank + 1) * b] for x in xs])
 
-    def prepare(self, e, sendbuf, recvbuf):
+    def prepare(self, e, sendbuf, recvbuf=None):
         p = e.t.size
         inplace = recvbuf is not None and recvbuf is sendbuf
         send = e.array("sendbuf", sendbuf, writable=inplace)

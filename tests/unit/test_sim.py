@@ -346,7 +346,9 @@ def test_deterministic_algorithms_give_the_rank_order_fold(collective, monkeypat
     spec = SPECS[collective]
     rng = np.random.default_rng(5)
     keeping = [a for a in names(collective) if get(collective, a).ordered]
-    assert "ordered" in keeping and "naive" in keeping
+    assert keeping, f"{collective} has no algorithm for the deterministic mode"
+    if collective != "scan":   # (the chain is a scan's rank order itself)
+        assert "ordered" in keeping and "naive" in keeping
     try:
         for p in (2, 3, 5, 8, 11):
             for dtype in (np.float32, np.float64, np.complex64, np.float16, BFLOAT16):
