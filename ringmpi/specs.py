@@ -367,8 +367,24 @@ class Alltoall(Collective):
         return dict(sendbuf=call.send, recvbuf=call.recv)
 
 
+class Scan(Allreduce):
+    """The inclusive prefix reduction (MPI_Scan): rank r gets x0 op x1 op ... op xr; AVG
+    divides rank r's sum by r + 1. Arguments as `allreduce`'s."""
+    name, busbw, simulated_mpi, taught = "scan", "1", "recursive_doubling", "linear"
+    mpi_methods = ("Scan",)
+
+    def busbw_factor(self, p):
+        return 1.0
+
+    def divisor(self, p, rank):
+        return rank + 1
+
+    def expected(self, xs, rank, op=None, root=0):
+        return fold(op, xs[:rank + 1])
+
+
 SPECS: dict[str, Collective] = {s.name: s for s in (Allreduce(), ReduceScatter(), Allgather(), Broadcast(), Reduce(),
-                                                     Alltoall())}
+                                                     Alltoall(), Scan())}
 
 
 def add(spec: Collective) -> Collective:
