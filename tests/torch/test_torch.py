@@ -15,6 +15,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 import ringmpi
+from ringmpi.specs import SPECS
 import ringmpi.torch as rt
 from ringmpi.errors import RingmpiUsageError
 from ringmpi.torch.distributed import init_process_group, register
@@ -76,7 +77,7 @@ def one_call(collective: str, x: torch.Tensor, inplace: bool, op: str, algorithm
     """Run `collective` on tensor x (a copy kept to check it was not written); returns
     (result, expected, buffer the result must be)."""
     kw = {"algorithm": algorithm}
-    if collective in ("allreduce", "reduce_scatter", "reduce"):
+    if SPECS[collective].reduces:
         kw["op"] = op
     n = x.numel()
     xs = gathered(x)
@@ -103,6 +104,9 @@ def one_call(collective: str, x: torch.Tensor, inplace: bool, op: str, algorithm
         want = reduced(xs, op) if R == ROOT else None
         out = x if inplace else torch.empty_like(x)
         args = (x, out, ROOT)
+    elif collective == "scan":   # rank r: the fold of ranks 0..r
+        want, out = reduced(xs[:R + 1], op), (x if inplace else torch.empty_like(x))
+        args = (x, out)
     else:   # alltoall: block q of the result came from rank q
         k = n // P
         want = torch.cat([xs[q][R * k:(R + 1) * k] for q in range(P)])
@@ -118,14 +122,14 @@ def one_call(collective: str, x: torch.Tensor, inplace: bool, op: str, algorithm
     return result, want, out
 
 
-CASES = [(c, alg) for c in rt.COLLECTIVES for alg in ("auto", "ring" if c != "broadcast" else "pipeline", "mpi")
-         if not (c == "alltoall" and alg == "ring")] + [("alltoall", "pairwise")]
+#: each collective's taught algorithm (the lecture's tables), beside auto and MPI's own
+CASES = [(c, alg) for c in rt.COLLECTIVES for alg in ("auto", SPECS[c].taught, "mpi")]
 
 
 @pytest.mark.parametrize("collective,algorithm", CASES)
 @pytest.mark.parametrize("nonblocking", [False, True], ids=["blocking", "request"])
 def test_collectives_on_tensors(collective, algorithm, nonblocking, rng):
-    reduces = collective in ("allreduce", "reduce_scatter", "reduce")
+    reduces = SPECS[collective].reduces
     for dtype in DTYPES:
         for op in (OPS[dtype.is_floating_point] if reduces else ["sum"]):
             for n in COUNTS:
