@@ -435,29 +435,50 @@ def shift(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, offset: int
 _PLAIN = (str, int, float, bool, type(None))   # argument types a plan's key holds by value
 
 
+#: the public call of a collective added by its spec alone, written out as those above are
+_CALL = """def {name}({params}, comm=None, algorithm="auto"):
+    m = memo
+    plan = m.plan
+    if plan is not None and m.comm is comm and m.algorithm is algorithm and m.send() is {send} and {same} \\
+            and {send}.dtype is m.send_dtype and {recv_same}:
+        return plan({send}, {recv})
+    extra = {extra}
+    return planned(spec, m, all(type(v) in plain for v in extra), extra, extra, comm, algorithm, dict({given}))
+"""
+
+
 def _blocking(spec: specs.Collective) -> Callable:
     """The public call of a collective that has no function written out above (one added
-    by its spec alone): the arguments of its `prepare` (the same names and defaults), then
-    `comm` and `algorithm`; the memo and the plans as the calls above use them, the other
-    arguments bound by name first (a microsecond more than a call written out)."""
-    sig = inspect.signature(spec.prepare)
-    kw = inspect.Parameter.KEYWORD_ONLY
-    sig = sig.replace(parameters=[*list(sig.parameters.values())[1:], inspect.Parameter("comm", kw, default=None),
-                                  inspect.Parameter("algorithm", kw, default="auto")])
-    m, buffers = CACHE.memo(spec.name), (spec.send_arg, spec.recv_arg)
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        given = parameters.bind(f"ringmpi.{spec.name}", args, kwargs)
-        comm, algorithm = given.pop("comm"), given.pop("algorithm")
-        sendbuf, recvbuf = given[spec.send_arg], given.get(spec.recv_arg)
-        extra = tuple(v for k, v in given.items() if k not in buffers)
-        if (plan := _remembered(m, sendbuf, recvbuf, extra, comm, algorithm)) is not None:
-            return plan(sendbuf, recvbuf)
-        return _planned(spec, m, all(type(v) in _PLAIN for v in extra), extra, extra, comm, algorithm, given)
-    call.__name__ = call.__qualname__ = spec.name
-    call.__signature__ = sig
-    call.__doc__ = type(spec).__doc__
-    parameters = Parameters(call)
+    by its spec alone): the parameters of its `prepare` (the same names, kinds and
+    defaults), then `comm` and `algorithm`, and the body of the calls above, the memo's
+    check inline (`_CALL`, made for these names as `dataclasses` makes `__init__`: the
+    call of the same arrays and arguments costs what a function written out costs)."""
+    params = list(inspect.signature(spec.prepare).parameters.values())[1:]   # (but the edge)
+    send, recv = spec.send_arg, spec.recv_arg
+    others = [p.name for p in params if p.name not in (send, recv)]
+    written, defaults = [], []
+    for p in params:
+        if p.kind is p.KEYWORD_ONLY and "*" not in written:
+            written.append("*")
+        if p.default is p.empty:
+            written.append(p.name)
+        else:
+            written.append(f"{p.name}=defaults[{len(defaults)}]")
+            defaults.append(p.default)
+    if "*" not in written:
+        written.append("*")
+    recv_same = (f"({recv} is None if m.recv is None else {recv} is {send} if m.recv is True else "
+                 f"m.recv() is {recv} and {recv}.dtype is m.recv_dtype)") if recv else "True"
+    source = _CALL.format(name=spec.name, params=", ".join(written), send=send, recv=recv or "None",
+                          recv_same=recv_same, same=" and ".join(f"m.extra[{i}] is {n}" for i, n in
+                                                                enumerate(others)) or "True",
+                          extra=f"({', '.join(others)},)" if others else "()",
+                          given=", ".join(f"{p.name}={p.name}" for p in params))
+    scope = {"memo": CACHE.memo(spec.name), "spec": spec, "planned": _planned, "plain": _PLAIN,
+             "defaults": defaults}
+    exec(compile(source, f"<ringmpi.{spec.name}>", "exec"), scope)   # noqa: S102 (our own template)
+    call = scope[spec.name]
+    call.__module__, call.__doc__ = __name__, type(spec).__doc__
     return call
 
 

@@ -246,10 +246,13 @@ class _Wire(CountedMemory, PrivateMemory, ReceiveThenReduce):
 
     def mpi_plan(self, call: Any, args: dict) -> MPIPlan | None:
         """MPI's own collective for calls shaped like `call` with the user's arrays as they
-        are (`_MPI_PLANS`; the API builds the fast path from it), or None where this call
-        shape needs the general path (`mpi`)."""
-        plan = _MPI_PLANS.get(call.collective.name)
-        return None if plan is None else plan(self, call, args)
+        are (`_MPI_PLANS`, else as `_send_recv` calls it; the API builds the fast path from
+        it), or None where this call shape needs the general path (`mpi`)."""
+        spec = call.collective
+        plan = _MPI_PLANS.get(spec.name)
+        if plan is None:   # (as `_send_recv` calls it: a result shaped like the send buffer)
+            return MPIPlan(spec.mpi_methods[0], call.op, None, args[spec.send_arg].dtype) if spec.mpi_methods else None
+        return plan(self, call, args)
 
     def mpi_serves(self, call: Any) -> bool:
         """Whether the library's own collective can take `call`: its counts are C ints, but
@@ -981,7 +984,8 @@ def _alltoall(t: Any, call: Any) -> None:
 
 def _send_recv(t: Any, call: Any) -> None:
     # a collective added by its spec alone: MPI's function that its spec names first, taking
-    # (send, recv[, op]) as MPI_Allreduce does (MPI_Scan, MPI_Exscan, ...)
+    # (send, recv[, op]) and leaving a result shaped like the input, as MPI_Allreduce does
+    # (MPI_Scan, MPI_Exscan); a collective of another shape names its own here
     op = (call.op,) if call.op is not None else ()
     t.mpi_call(call.collective.mpi_methods[0], IN_PLACE if call.inplace else call.send, call.recv, *op)
 
