@@ -38,6 +38,7 @@ which reach MPI through the transport in mpicomm).
 from __future__ import annotations
 
 import ctypes
+import inspect
 import mmap
 import operator
 import weakref
@@ -986,6 +987,39 @@ class Comm(MPI.Intracomm):
 
 for _attribute in _KEPT_METHODS.values():   # each method's kept forms (`_Kept`): none yet
     setattr(Comm, _attribute, None)
+
+
+def _reduction_methods(spec: Any) -> dict[str, Callable]:
+    """The drop-in's methods for a collective its spec adds, where they take what
+    MPI_Allreduce takes (`method(sendbuf, recvbuf, op)`, a result shaped like the input:
+    MPI_Scan, MPI_Exscan; `mpicomm._send_recv` calls MPI's own so): the blocking one, its
+    nonblocking one and its persistent one, each served by ringmpi where it serves the
+    buffers and op (`_reduction`), else by mpi4py."""
+    method = spec.mpi_methods[0]
+    nonblocking, persistent = f"I{method[0].lower()}{method[1:]}", f"{method}_init"
+
+    def served(sendbuf: Any, recvbuf: Any, op: Any) -> "_Served | None":
+        got = _reduction(sendbuf, recvbuf, op)
+        return None if got is None else _Served(spec.name, dict(sendbuf=got[0], recvbuf=got[1], op=got[2]))
+
+    def blocking(self: Comm, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
+        if not self._serve(method, served(sendbuf, recvbuf, op)):
+            getattr(MPI.Intracomm, method)(self, sendbuf, recvbuf, op)
+
+    def begun(self: Comm, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> Any:
+        return self._start(nonblocking, served(sendbuf, recvbuf, op), sendbuf, recvbuf, op)
+
+    def bound(self: Comm, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, info: Any = MPI.INFO_NULL) -> Any:
+        return self._start(persistent, served(sendbuf, recvbuf, op), sendbuf, recvbuf, op, info)
+    return {method: blocking, nonblocking: begun, persistent: bound}
+
+
+for _spec in _c.SPECS.values():   # (the collectives added by their specs alone, shaped as MPI_Allreduce)
+    if _spec.mpi_methods and _spec.mpi_methods[0] not in vars(Comm) and \
+            list(inspect.signature(_spec.prepare).parameters)[1:4] == ["sendbuf", "recvbuf", "op"]:
+        for _name, _method in _reduction_methods(_spec).items():
+            _method.__name__ = _method.__qualname__ = _name
+            setattr(Comm, _name, _method)
 COLLECTIVES = {name: served for name, methods in COLLECTIVES.items()
                if (served := tuple(m for m in methods if m in vars(Comm)))}
 
