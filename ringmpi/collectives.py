@@ -1,11 +1,12 @@
 """The collectives' public calls: blocking, nonblocking (i...) and persistent (..._init).
 
-Each collective's spec (`ringmpi.specs`) says what is true of it: its counts, its
-harness data and expected results, and how the public call's arguments are checked
-(`prepare`). The blocking calls here are written out, one function each: the hot path of
-a training loop, where a frame more is a measurable share of a small call. The
-nonblocking and persistent ones follow from them (`_as_request`), one of each for every
-spec.
+Each collective's spec (`ringmpi.specs`) says what is true of it: its counts, its harness
+data and expected results, and its public call: the parameters and checks of `prepare`,
+and the documentation in its docstring. The calls here are made from the specs, one of
+each kind for every spec (`_serve`): the blocking one written out from a template
+(`_CALL`, as `dataclasses` writes `__init__`: the memo's check inline, so that a call on
+the very same arrays costs what a function written by hand costs), the nonblocking and
+persistent ones around it (`_as_request`).
 """
 from __future__ import annotations
 
@@ -27,16 +28,11 @@ from .transport import LRU
 
 #: the public calls (re-exported by `ringmpi`); the specs are `SPECS` and `spec(name)`
 #: (and each collective's nonblocking and persistent calls, made below from its spec: `_serve`)
-__all__ = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "shift", "shared_empty",
-           "Request", "Persistent", "waitall", "testall", "progress"]
+__all__ = ["shift", "shared_empty", "Request", "Persistent", "waitall", "testall", "progress"]
 
 
 #: the specs by name (`ringmpi.specs`: each collective's spec serves the API, the simulator and the harnesses)
 SPECS, spec = specs.SPECS, specs.spec
-
-
-_ALLREDUCE, _REDUCE_SCATTER, _ALLGATHER, _BROADCAST, _REDUCE, _ALLTOALL = (
-    SPECS[name] for name in ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall"))
 
 
 def invoke(spec: specs.Collective, call: Call, comm: Any = None, algorithm: str = "auto") -> Any:
@@ -45,7 +41,7 @@ def invoke(spec: specs.Collective, call: Call, comm: Any = None, algorithm: str 
 
 
 # -- the public calls ------------------------------------------------------------------------
-# Each call looks first at the last call of the same function (`_remembered`, its `api.Memo`: the very same
+# Each call looks first at the last call of the same function (its `api.Memo`: the very same
 # arrays and arguments, by identity, as a training loop passes every step), then for a plan
 # kept by an earlier call of the same shape (`api.execute`): the key is the collective, the
 # communicator, the algorithm, the other arguments, and the buffers' dtype and shape (and
@@ -53,31 +49,16 @@ def invoke(spec: specs.Collective, call: Call, comm: Any = None, algorithm: str 
 # that is not an array, takes the full path.
 
 
-def _key(ok: bool, spec: specs.Collective, comm: Any, algorithm: Any, extra: Any, sendbuf: Any, recvbuf: Any) -> tuple | None:
-    if not ok:
+def _key(keyed: tuple | None, spec: specs.Collective, comm: Any, algorithm: Any, sendbuf: Any,
+         recvbuf: Any) -> tuple | None:
+    if keyed is None:
         return None
     try:
-        return (spec, id(comm), algorithm, extra, sendbuf.dtype, sendbuf.shape, type(sendbuf),
+        return (spec, id(comm), algorithm, keyed, sendbuf.dtype, sendbuf.shape, type(sendbuf),
                 None if recvbuf is None else True if recvbuf is sendbuf else (recvbuf.dtype, recvbuf.shape,
                                                                               type(recvbuf)))
     except AttributeError:
         return None
-
-
-def _remembered(m: Memo, sendbuf: Any, recvbuf: Any, extra: Any, comm: Any, algorithm: Any) -> Any:
-    """The plan of the last call (memo `m`) when this call passes the very same arrays (the
-    same memory; with the dtypes they had then: `x.dtype = ...` keeps the object; a shape
-    set so is read by the plans) and equal other arguments, else None."""
-    plan = m.plan
-    if plan is None or m.send() is not sendbuf or m.comm is not comm or m.algorithm is not algorithm or \
-            sendbuf.dtype is not m.send_dtype or not m.extra == extra:
-        return None
-    r = m.recv
-    if r is None:
-        return plan if recvbuf is None else None
-    if r is True:
-        return plan if recvbuf is sendbuf else None
-    return plan if r() is recvbuf and recvbuf.dtype is m.recv_dtype else None
 
 
 def _remember(m: Memo, plan: Any, sendbuf: Any, recvbuf: Any, extra: Any, comm: Any, algorithm: Any) -> None:
@@ -96,14 +77,6 @@ def _remember(m: Memo, plan: Any, sendbuf: Any, recvbuf: Any, extra: Any, comm: 
         return
     m.send, m.recv, m.extra, m.comm, m.algorithm, m.plan = send, recv, extra, comm, algorithm, same or plan
     m.send_dtype, m.recv_dtype = sendbuf.dtype, None if recvbuf is None else recvbuf.dtype
-
-
-def _with_mode(op: Any, deterministic: bool | None) -> tuple[Any, Any]:
-    """A reduction's other arguments as its memo compares them and as its plan key holds
-    them: the op alone (what the hot path tests by identity) unless `deterministic` is given."""
-    if deterministic is None:
-        return op, id(op)
-    return (op, deterministic), (id(op), deterministic)
 
 
 def _through(m: Memo, plan: Any, sendbuf: Any, recvbuf: Any, extra: Any, comm: Any, algorithm: Any) -> Any:
@@ -125,153 +98,96 @@ def _through(m: Memo, plan: Any, sendbuf: Any, recvbuf: Any, extra: Any, comm: A
     return out
 
 
-def _planned(spec: specs.Collective, m: Memo, ok: bool, keyed: Any, extra: Any, comm: Any, algorithm: Any,
-             args: dict) -> Any:
-    """A call its memo `m` missed: the plan kept for its key (`ok`: a key can be made;
-    `keyed`: the other arguments as the key holds them, `extra` as the memo compares them),
-    run and remembered for the next call; else the full path (`api.execute`), which keeps
-    one."""
+def _planned(spec: specs.Collective, m: Memo, extra: tuple, comm: Any, algorithm: Any, args: dict) -> Any:
+    """A call its memo `m` missed (`extra`: its other arguments, as the memo compares them):
+    the plan kept for its key, run and remembered for the next call; else the full path
+    (`api.execute`), which keeps one."""
     sendbuf = args[spec.send_arg]
     recvbuf = args[spec.recv_arg] if spec.recv_arg else None
-    plan = PLANS.get(key := _key(ok, spec, comm, algorithm, keyed, sendbuf, recvbuf))
+    plan = PLANS.get(key := _key(_keyed(extra), spec, comm, algorithm, sendbuf, recvbuf))
     if plan is None:
         return execute(spec, comm, algorithm, args, key)
     return _through(m, plan, sendbuf, recvbuf, extra, comm, algorithm)
 
 
-_LAST_ALLREDUCE, _LAST_REDUCE_SCATTER, _LAST_ALLGATHER, _LAST_BROADCAST, _LAST_REDUCE, _LAST_ALLTOALL = (
-    CACHE.memo(name) for name in ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall"))
+class _Same:
+    """An argument a plan's key holds by identity (an `MPI.Op`, which is unhashable), and
+    keeps alive, so that its id is never another object's while the key stands."""
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Same and other.value is self.value
 
 
-def allreduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any = "sum",
-              comm: Any = None, algorithm: str = "auto", deterministic: bool | None = None) -> np.ndarray:
-    """Reduce `sendbuf` over all ranks; every rank gets the same result, bit for bit.
+def _keyed(extra: tuple) -> tuple | None:
+    """The other arguments as a plan's key holds them: by value, or by identity where they
+    have no hash (`_Same`); None (no plan kept) where one is a container the caller may
+    change in place between calls (counts as a list or an array)."""
+    out = []
+    for v in extra:
+        if type(v) not in _PLAIN:
+            if isinstance(v, (list, dict, set, bytearray, np.ndarray)):
+                return None
+            try:
+                hash(v)
+            except TypeError:
+                v = _Same(v)
+        out.append(v)
+    return tuple(out)
 
-    Parameters:
-        sendbuf: this rank's contribution (any shape, C-contiguous, a dtype MPI has, or
-            float16 / bfloat16 (ml_dtypes): their SUM, AVG and PROD accumulate in float32
-            and round once; RINGMPI_PARTIALS=16 sends 16-bit partial sums instead).
-        recvbuf: where the result goes (same size and dtype); None allocates a new array
-            shaped like `sendbuf`; `recvbuf is sendbuf` works in place (MPI_IN_PLACE).
-        op: "sum", "prod", "max", "min", "land", "lor", "lxor", "band", "bor", "bxor",
-            "avg" (the sum divided by the rank count, floating types only: NCCL's ncclAvg), or
-            MPI's predefined op (MPI.SUM, ...). MAX and MIN propagate NaN.
-        comm: an mpi4py intracommunicator (COMM_WORLD when None).
-        algorithm: "ring", "naive", "tree", "recursive_doubling", "rabenseifner", "ordered",
-            "mpi" (the library's own) or "auto" (the lowest predicted time; RINGMPI_ALGO forces one).
-        deterministic: True: a floating-point SUM, AVG or PROD gives the bits of the rank-order
-            fold ((x0 + x1) + x2) + ... whatever the algorithm, size or hosts (`auto` picks
-            among "ordered" and "naive"; another algorithm is refused beyond 2 ranks);
-            None: RINGMPI_DETERMINISTIC decides.
 
-    Returns the result array (`recvbuf` when given).
-    Raises RingmpiUsageError naming the call and the rank when an argument is wrong, before
-    any message is sent.
+_PLAIN = (str, int, float, bool, type(None))   # argument types a plan's key holds as they are
 
-    Example (mpirun -n 4):
-        >>> s = ringmpi.allreduce(np.arange(3.0), algorithm="ring")   # [0, 4, 8] on every rank
-    """
-    m = _LAST_ALLREDUCE   # `_remembered`, inlined: the hot path of a training loop (one call less)
+
+#: a collective's public call, for the names of its spec's `prepare` (`_blocking`)
+_CALL = """def {name}({params}, comm=None, algorithm="auto"):
+    m = memo
     plan = m.plan
-    if plan is not None and deterministic is None and m.send() is sendbuf and m.extra is op and m.comm is comm \
-            and m.algorithm is algorithm \
-            and sendbuf.dtype is m.send_dtype and (recvbuf is None if m.recv is None else
-                                                   recvbuf is sendbuf if m.recv is True else
-                                                   m.recv() is recvbuf and recvbuf.dtype is m.recv_dtype):
-        return plan(sendbuf, recvbuf)
-    extra, keyed = _with_mode(op, deterministic)
-    return _planned(_ALLREDUCE, m, True, keyed, extra, comm, algorithm,
-                    dict(sendbuf=sendbuf, recvbuf=recvbuf, op=op, deterministic=deterministic))
+    if plan is not None and m.comm is comm and m.algorithm is algorithm and m.send() is {send} and {same} \\
+            and {send}.dtype is m.send_dtype and {recv_same}:
+        return plan({send}, {recv})
+    return planned(spec, m, {extra}, comm, algorithm, dict({given}))
+"""
 
 
-def reduce_scatter(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, op: Any = "sum",
-                   comm: Any = None, algorithm: str = "auto",
-                   counts: Sequence[int] | None = None, deterministic: bool | None = None) -> np.ndarray:
-    """Reduce over all ranks and leave block r of the result on rank r.
-
-    Blocks follow `counts` (one non-negative integer per rank, adding up to len(sendbuf));
-    the default splits evenly, the first len % p blocks one element longer. In place
-    (`recvbuf is sendbuf`) the result is written into block r of the buffer and that block
-    (a view) is returned. Algorithms: "ring", "naive", "ordered", "mpi", "auto". Other
-    parameters and errors as in `allreduce`.
-
-    Example (mpirun -n 2):
-        >>> ringmpi.reduce_scatter(np.ones(4))      # [2., 2.] on both ranks
-    """
-    extra, keyed = _with_mode(op, deterministic)
-    if counts is None and (plan := _remembered(_LAST_REDUCE_SCATTER, sendbuf, recvbuf, extra, comm, algorithm)) is not None:
-        return plan(sendbuf, recvbuf)
-    return _planned(_REDUCE_SCATTER, _LAST_REDUCE_SCATTER, counts is None, keyed, extra, comm, algorithm,
-                    dict(sendbuf=sendbuf, recvbuf=recvbuf, op=op, counts=counts, deterministic=deterministic))
-
-
-def allgather(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, comm: Any = None,
-              algorithm: str = "auto", counts: Sequence[int] | None = None) -> np.ndarray:
-    """Concatenate every rank's `sendbuf` in rank order, on every rank.
-
-    `counts` gives per-rank block sizes (default: every rank sends len(sendbuf)). In place
-    (`recvbuf is sendbuf`) the buffer holds the whole result and block r is this rank's
-    input. Algorithms: "ring", "naive", "recursive_doubling" (Bruck when p is not a power
-    of two), "mpi", "auto".
-
-    Example (mpirun -n 2):
-        >>> ringmpi.allgather(np.array([rank]))     # [0, 1] on both ranks
-    """
-    if counts is None and (plan := _remembered(_LAST_ALLGATHER, sendbuf, recvbuf, None, comm, algorithm)) is not None:
-        return plan(sendbuf, recvbuf)
-    return _planned(_ALLGATHER, _LAST_ALLGATHER, counts is None, None, None, comm, algorithm,
-                    dict(sendbuf=sendbuf, recvbuf=recvbuf, counts=counts))
-
-
-def broadcast(buf: np.ndarray, root: int = 0, *, comm: Any = None, algorithm: str = "auto",
-              segments: int | None = None) -> np.ndarray:
-    """Copy the root's `buf` into `buf` on every rank (in place, like MPI_Bcast); returns `buf`.
-
-    Algorithms: "pipeline" (the segmented chain: `segments` pieces, default the S that
-    minimises (p-2+S)(alpha + n/(S B)) under the active profile), "tree", "naive",
-    "scatter_allgather", "mpi", "auto".
-
-    Example:
-        >>> ringmpi.broadcast(weights, root=0, algorithm="pipeline", segments=16)
-    """
-    extra = (root, segments)
-    if (plan := _remembered(_LAST_BROADCAST, buf, None, extra, comm, algorithm)) is not None:
-        return plan(buf, None)
-    return _planned(_BROADCAST, _LAST_BROADCAST, type(root) is int and (segments is None or type(segments) is int),
-                    extra, extra, comm, algorithm, dict(buf=buf, root=root, segments=segments))
-
-
-def reduce(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, root: int = 0, *,
-           op: Any = "sum", comm: Any = None, algorithm: str = "auto",
-           deterministic: bool | None = None) -> np.ndarray | None:
-    """Reduce over all ranks onto `root`; returns the result there and None elsewhere.
-
-    `recvbuf` matters on the root only (`recvbuf is sendbuf`: in place). Algorithms:
-    "ring" (reduce-scatter, then the blocks to the root), "tree", "naive", "ordered", "mpi",
-    "auto". `deterministic` as in `allreduce`.
-    """
-    extra = (root, op, deterministic)
-    if (plan := _remembered(_LAST_REDUCE, sendbuf, recvbuf, extra, comm, algorithm)) is not None:
-        return plan(sendbuf, recvbuf)
-    return _planned(_REDUCE, _LAST_REDUCE, type(root) is int, (root, id(op), deterministic), extra, comm, algorithm,
-                    dict(sendbuf=sendbuf, recvbuf=recvbuf, root=root, op=op, deterministic=deterministic))
-
-
-def alltoall(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, comm: Any = None,
-             algorithm: str = "auto") -> np.ndarray:
-    """Block q of this rank's `sendbuf` goes to rank q; block q of the result came from rank q.
-
-    `sendbuf` holds p equal blocks (its size a multiple of p; e.g. shape (p, ...)). In place:
-    `recvbuf is sendbuf`. Algorithms: "pairwise" (p-1 rounds), "bruck" (ceil(lg p) rounds,
-    for small blocks), "naive" (everything posted at once), "mpi", "auto".
-
-    Example (mpirun -n 2):
-        >>> ringmpi.alltoall(np.array([10 * rank, 10 * rank + 1]))   # rank 0: [0, 10]; rank 1: [1, 11]
-    """
-    if (plan := _remembered(_LAST_ALLTOALL, sendbuf, recvbuf, None, comm, algorithm)) is not None:
-        return plan(sendbuf, recvbuf)
-    return _planned(_ALLTOALL, _LAST_ALLTOALL, True, None, None, comm, algorithm,
-                    dict(sendbuf=sendbuf, recvbuf=recvbuf))
+def _blocking(spec: specs.Collective) -> Callable:
+    """The public call of `spec`: the parameters of its `prepare` (the same names, kinds
+    and defaults), then `comm` and `algorithm`; its docstring the spec's. Written out from
+    `_CALL` for these names, as `dataclasses` writes `__init__`: the memo's check inline
+    costs what a function written by hand costs (benchmarks/README.md, "A collective from
+    its spec alone")."""
+    params = list(inspect.signature(spec.prepare).parameters.values())[1:]   # (but the edge)
+    send, recv = spec.send_arg, spec.recv_arg
+    others = [p.name for p in params if p.name not in (send, recv)]
+    written, defaults = [], []
+    for p in params:
+        if p.kind is p.KEYWORD_ONLY and "*" not in written:
+            written.append("*")
+        if p.default is p.empty:
+            written.append(p.name)
+        else:
+            written.append(f"{p.name}=defaults[{len(defaults)}]")
+            defaults.append(p.default)
+    if "*" not in written:
+        written.append("*")
+    recv_same = (f"({recv} is None if m.recv is None else {recv} is {send} if m.recv is True else "
+                 f"m.recv() is {recv} and {recv}.dtype is m.recv_dtype)") if recv else "True"
+    source = _CALL.format(name=spec.name, params=", ".join(written), send=send, recv=recv or "None",
+                          recv_same=recv_same, same=" and ".join(f"m.extra[{i}] is {n}" for i, n in
+                                                                enumerate(others)) or "True",
+                          extra=f"({', '.join(others)},)" if others else "()",
+                          given=", ".join(f"{p.name}={p.name}" for p in params))
+    scope = {"memo": CACHE.memo(spec.name), "spec": spec, "planned": _planned, "defaults": defaults}
+    exec(compile(source, f"<ringmpi.{spec.name}>", "exec"), scope)   # noqa: S102 (our own template)
+    call = scope[spec.name]
+    call.__module__, call.__doc__ = __name__, type(spec).__doc__
+    return call
 
 
 # -- requests: the same calls nonblocking (i...) and persistent (..._init) ------------------
@@ -430,56 +346,6 @@ def shift(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, offset: int
     finally:
         t.end()
     return returned(recvbuf, recv, sendbuf.shape)
-
-
-_PLAIN = (str, int, float, bool, type(None))   # argument types a plan's key holds by value
-
-
-#: the public call of a collective added by its spec alone, written out as those above are
-_CALL = """def {name}({params}, comm=None, algorithm="auto"):
-    m = memo
-    plan = m.plan
-    if plan is not None and m.comm is comm and m.algorithm is algorithm and m.send() is {send} and {same} \\
-            and {send}.dtype is m.send_dtype and {recv_same}:
-        return plan({send}, {recv})
-    extra = {extra}
-    return planned(spec, m, all(type(v) in plain for v in extra), extra, extra, comm, algorithm, dict({given}))
-"""
-
-
-def _blocking(spec: specs.Collective) -> Callable:
-    """The public call of a collective that has no function written out above (one added
-    by its spec alone): the parameters of its `prepare` (the same names, kinds and
-    defaults), then `comm` and `algorithm`, and the body of the calls above, the memo's
-    check inline (`_CALL`, made for these names as `dataclasses` makes `__init__`: the
-    call of the same arrays and arguments costs what a function written out costs)."""
-    params = list(inspect.signature(spec.prepare).parameters.values())[1:]   # (but the edge)
-    send, recv = spec.send_arg, spec.recv_arg
-    others = [p.name for p in params if p.name not in (send, recv)]
-    written, defaults = [], []
-    for p in params:
-        if p.kind is p.KEYWORD_ONLY and "*" not in written:
-            written.append("*")
-        if p.default is p.empty:
-            written.append(p.name)
-        else:
-            written.append(f"{p.name}=defaults[{len(defaults)}]")
-            defaults.append(p.default)
-    if "*" not in written:
-        written.append("*")
-    recv_same = (f"({recv} is None if m.recv is None else {recv} is {send} if m.recv is True else "
-                 f"m.recv() is {recv} and {recv}.dtype is m.recv_dtype)") if recv else "True"
-    source = _CALL.format(name=spec.name, params=", ".join(written), send=send, recv=recv or "None",
-                          recv_same=recv_same, same=" and ".join(f"m.extra[{i}] is {n}" for i, n in
-                                                                enumerate(others)) or "True",
-                          extra=f"({', '.join(others)},)" if others else "()",
-                          given=", ".join(f"{p.name}={p.name}" for p in params))
-    scope = {"memo": CACHE.memo(spec.name), "spec": spec, "planned": _planned, "plain": _PLAIN,
-             "defaults": defaults}
-    exec(compile(source, f"<ringmpi.{spec.name}>", "exec"), scope)   # noqa: S102 (our own template)
-    call = scope[spec.name]
-    call.__module__, call.__doc__ = __name__, type(spec).__doc__
-    return call
 
 
 def _serve(spec: specs.Collective) -> None:

@@ -133,8 +133,8 @@ class Collective:
     def prepare(self, e: Any, **args: Any) -> tuple[Call, Any]:
         """The public call's arguments checked on this rank (`e`: the API's `Edge`, whose
         `fail` raises the one-line error): the `Call`, and what the public call returns.
-        Its parameters, with the public call's defaults, are the public call's (a call not
-        written out in `ringmpi.collectives` takes them as they are)."""
+        Its parameters (names, kinds, defaults) are the public call's, and the class's
+        docstring is its documentation (`ringmpi.collectives` writes the call from both)."""
         raise NotImplementedError
 
     def args(self, call: Call) -> dict:
@@ -159,6 +159,32 @@ class Collective:
 
 
 class Allreduce(Collective):
+    """Reduce `sendbuf` over all ranks; every rank gets the same result, bit for bit.
+
+    Parameters:
+        sendbuf: this rank's contribution (any shape, C-contiguous, a dtype MPI has, or
+            float16 / bfloat16 (ml_dtypes): their SUM, AVG and PROD accumulate in float32
+            and round once; RINGMPI_PARTIALS=16 sends 16-bit partial sums instead).
+        recvbuf: where the result goes (same size and dtype); None allocates a new array
+            shaped like `sendbuf`; `recvbuf is sendbuf` works in place (MPI_IN_PLACE).
+        op: "sum", "prod", "max", "min", "land", "lor", "lxor", "band", "bor", "bxor",
+            "avg" (the sum divided by the rank count, floating types only: NCCL's ncclAvg), or
+            MPI's predefined op (MPI.SUM, ...). MAX and MIN propagate NaN.
+        comm: an mpi4py intracommunicator (COMM_WORLD when None).
+        algorithm: "ring", "naive", "tree", "recursive_doubling", "rabenseifner", "ordered",
+            "mpi" (the library's own) or "auto" (the lowest predicted time; RINGMPI_ALGO forces one).
+        deterministic: True: a floating-point SUM, AVG or PROD gives the bits of the rank-order
+            fold ((x0 + x1) + x2) + ... whatever the algorithm, size or hosts (`auto` picks
+            among "ordered" and "naive"; another algorithm is refused beyond 2 ranks);
+            None: RINGMPI_DETERMINISTIC decides.
+
+    Returns the result array (`recvbuf` when given).
+    Raises RingmpiUsageError naming the call and the rank when an argument is wrong, before
+    any message is sent.
+
+    Example (mpirun -n 4):
+        >>> s = ringmpi.allreduce(np.arange(3.0), algorithm="ring")   # [0, 4, 8] on every rank
+    """
     name, reduces, busbw, simulated_mpi, taught = "allreduce", True, "2(n-1)/n", "rabenseifner", "ring"
     mpi_methods = ("Allreduce",)
 
@@ -173,7 +199,7 @@ class Allreduce(Collective):
     def expected(self, xs, rank, op=None, root=0):
         return fold(op, xs)
 
-    def prepare(self, e, sendbuf, recvbuf=None, op="sum", deterministic=None):
+    def prepare(self, e, sendbuf, recvbuf=None, *, op="sum", deterministic=None):
         inplace = recvbuf is not None and recvbuf is sendbuf
         send = e.array("sendbuf", sendbuf, writable=inplace)
         opn = e.op(op, send.dtype)
@@ -195,6 +221,17 @@ class Allreduce(Collective):
 
 
 class ReduceScatter(Collective):
+    """Reduce over all ranks and leave block r of the result on rank r.
+
+    Blocks follow `counts` (one non-negative integer per rank, adding up to len(sendbuf));
+    the default splits evenly, the first len % p blocks one element longer. In place
+    (`recvbuf is sendbuf`) the result is written into block r of the buffer and that block
+    (a view) is returned. Algorithms: "ring", "naive", "ordered", "mpi", "auto". Other
+    parameters and errors as in `allreduce`.
+
+    Example (mpirun -n 2):
+        >>> ringmpi.reduce_scatter(np.ones(4))      # [2., 2.] on both ranks
+    """
     name, reduces, per_rank, busbw, simulated_mpi, taught = \
         "reduce_scatter", True, True, "(n-1)/n", "ring", "ring"
     mpi_methods = ("Reduce_scatter", "Reduce_scatter_block")
@@ -219,7 +256,7 @@ class ReduceScatter(Collective):
     def shown(self, call):
         return call.send if call.inplace else call.recv
 
-    def prepare(self, e, sendbuf, recvbuf=None, op="sum", counts=None, deterministic=None):
+    def prepare(self, e, sendbuf, recvbuf=None, *, op="sum", counts=None, deterministic=None):
         inplace = recvbuf is not None and recvbuf is sendbuf
         send = e.array("sendbuf", sendbuf, writable=inplace)
         opn = e.op(op, send.dtype)
@@ -238,6 +275,16 @@ class ReduceScatter(Collective):
 
 
 class Allgather(Collective):
+    """Concatenate every rank's `sendbuf` in rank order, on every rank.
+
+    `counts` gives per-rank block sizes (default: every rank sends len(sendbuf)). In place
+    (`recvbuf is sendbuf`) the buffer holds the whole result and block r is this rank's
+    input. Algorithms: "ring", "naive", "recursive_doubling" (Bruck when p is not a power
+    of two), "mpi", "auto".
+
+    Example (mpirun -n 2):
+        >>> ringmpi.allgather(np.array([rank]))     # [0, 1] on both ranks
+    """
     name, per_rank, busbw, simulated_mpi, taught = "allgather", True, "(n-1)/n", "recursive_doubling", "ring"
     mpi_methods = ("Allgather", "Allgatherv")
 
@@ -256,7 +303,7 @@ class Allgather(Collective):
     def expected(self, xs, rank, op=None, root=0):
         return np.concatenate(xs)
 
-    def prepare(self, e, sendbuf, recvbuf=None, counts=None):
+    def prepare(self, e, sendbuf, recvbuf=None, *, counts=None):
         p, r = e.t.size, e.t.rank
         inplace = recvbuf is not None and recvbuf is sendbuf
         buf = e.array("sendbuf", sendbuf, writable=inplace)
@@ -284,6 +331,15 @@ class Allgather(Collective):
 
 
 class Broadcast(Collective):
+    """Copy the root's `buf` into `buf` on every rank (in place, like MPI_Bcast); returns `buf`.
+
+    Algorithms: "pipeline" (the segmented chain: `segments` pieces, default the S that
+    minimises (p-2+S)(alpha + n/(S B)) under the active profile), "tree", "naive",
+    "scatter_allgather", "mpi", "auto".
+
+    Example:
+        >>> ringmpi.broadcast(weights, root=0, algorithm="pipeline", segments=16)
+    """
     name, rooted, simulated_mpi, taught, has_out_of_place = "broadcast", True, "tree", "pipeline", False
     mpi_methods = ("Bcast",)
     send_arg, recv_arg = "buf", None
@@ -295,7 +351,7 @@ class Broadcast(Collective):
     def expected(self, xs, rank, op=None, root=0):
         return xs[root]
 
-    def prepare(self, e, buf, root=0, segments=None):
+    def prepare(self, e, buf, root=0, *, segments=None):
         flat = e.array("buf", buf, writable=True)
         root = e.root(root)
         params = () if segments is None else (("segments", e.integer("segments", segments, 1)),)
@@ -306,6 +362,12 @@ class Broadcast(Collective):
 
 
 class Reduce(Collective):
+    """Reduce over all ranks onto `root`; returns the result there and None elsewhere.
+
+    `recvbuf` matters on the root only (`recvbuf is sendbuf`: in place). Algorithms:
+    "ring" (reduce-scatter, then the blocks to the root), "tree", "naive", "ordered", "mpi",
+    "auto". `deterministic` as in `allreduce`.
+    """
     name, reduces, rooted, simulated_mpi, taught = "reduce", True, True, "tree", "ring"
     mpi_methods = ("Reduce",)
 
@@ -317,7 +379,7 @@ class Reduce(Collective):
     def expected(self, xs, rank, op=None, root=0):
         return fold(op, xs) if rank == root else None
 
-    def prepare(self, e, sendbuf, recvbuf=None, root=0, op="sum", deterministic=None):
+    def prepare(self, e, sendbuf, recvbuf=None, root=0, *, op="sum", deterministic=None):
         root = e.root(root)
         at_root = e.t.rank == root
         inplace = at_root and recvbuf is not None and recvbuf is sendbuf
@@ -335,6 +397,15 @@ class Reduce(Collective):
 
 
 class Alltoall(Collective):
+    """Block q of this rank's `sendbuf` goes to rank q; block q of the result came from rank q.
+
+    `sendbuf` holds p equal blocks (its size a multiple of p; e.g. shape (p, ...)). In place:
+    `recvbuf is sendbuf`. Algorithms: "pairwise" (p-1 rounds), "bruck" (ceil(lg p) rounds,
+    for small blocks), "naive" (everything posted at once), "mpi", "auto".
+
+    Example (mpirun -n 2):
+        >>> ringmpi.alltoall(np.array([10 * rank, 10 * rank + 1]))   # rank 0: [0, 10]; rank 1: [1, 11]
+    """
     name, busbw, simulated_mpi, taught = "alltoall", "(n-1)/n", "pairwise", "pairwise"
     mpi_methods = ("Alltoall",)
 

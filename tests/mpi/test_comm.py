@@ -466,7 +466,7 @@ def test_the_drop_in_s_requests_run_mpi_s_own_where_blocking_calls_measured_it_f
         t = ringmpi.api.group(c)
         auto.profile_of(t)   # (read at the first call, which begins afresh: before the seed)
         x = rng.integers(-1000, 1000, 4096).astype(np.float32)   # (exact sums in any order)
-        call, _ = SPECS["allreduce"].prepare(ringmpi.api.Edge("allreduce", t), x, np.empty_like(x), "sum")
+        call, _ = SPECS["allreduce"].prepare(ringmpi.api.Edge("allreduce", t), x, np.empty_like(x), op="sum")
         key = auto._bucket(t, call)
         seed = {"winner": "mpi", "tuned": {"mpi": 10e-6, "recursive_doubling": 15e-6}}
         t.tuners.put(key, auto.Tuner(key, ["mpi", "recursive_doubling"], seed=seed))
