@@ -7,8 +7,9 @@ virtual cluster, benchmarks and a data-parallel trainer.
 An unchanged mpi4py program: `comm = ringmpi.Comm(MPI.COMM_WORLD)` (its Allreduce, Bcast, ...
 run ringmpi), or `mpirun -n 4 python -m ringmpi.run script.py` for no change at all.
 
-The collectives: allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall (and
-shift, one ring round). `algorithms(name)` lists their algorithms; `last_choice()` says
+The collectives: allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall, scan
+(and shift, one ring round), each also nonblocking (iallreduce, ...) and persistent
+(allreduce_init, ...). `algorithms(name)` lists their algorithms; `last_choice()` says
 what the last call ran and why. MPI is initialised at the first collective call, not at
 import: `ringmpi.sim`, `ringmpi.model` and `ringmpi.cost` work without MPI.
 """
