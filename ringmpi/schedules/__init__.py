@@ -143,10 +143,12 @@ def register(collective: str, name: str, cost: Callable[..., Cost] | None = None
              tune: Callable[[int, int, int, Profile], dict] | None = None,
              unavailable: Callable[[Transport], str | None] | None = None, *, ordered: bool = False,
              mixed: bool = False, arena: Callable[[int, Call, int], int] | None = None):
-    """Decorator: register `body(t, call)` as algorithm `name` of `collective`."""
+    """Decorator: register `body(t, call)` as algorithm `name` of `collective` (which then
+    has MPI's own, `mpi`, too: the transport says whether the library can run it)."""
     def deco(fn: Callable[[Transport, Call], None]) -> Callable[[Transport, Call], None]:
         _REGISTRY[(collective, name)] = Algorithm(collective, name, fn, cost, tune, unavailable, ordered, mixed,
                                                   arena)
+        _REGISTRY.setdefault((collective, MPI_ALGORITHM), Algorithm(collective, MPI_ALGORITHM, _mpi))
         return fn
     return deco
 
@@ -166,8 +168,6 @@ def _load() -> None:
             return
         for mod in pkgutil.iter_modules(__path__):
             importlib.import_module(f"{__name__}.{mod.name}")
-        for coll in dict.fromkeys(c for c, _ in list(_REGISTRY)):
-            _REGISTRY.setdefault((coll, MPI_ALGORITHM), Algorithm(coll, MPI_ALGORITHM, _mpi))
         _LOADED.set()
 
 
