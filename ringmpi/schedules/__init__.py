@@ -90,8 +90,9 @@ class Algorithm:
     def run(self, t: Transport, call: Call) -> None:
         """Run the body; on one rank every collective is a local copy (or nothing). AVG is
         a SUM (the bodies reduce with it as with SUM) divided by the rank count (the spec's
-        `divisor`) at the end, once, where the result is: the same bits on every rank. A call `widens` runs on
-        float32 copies, divided there, and rounds once into the 16-bit result."""
+        `divisor`) at the end, once, where the result is: the same bits on every rank. A
+        call `widens` runs on float32 copies, divided there, and rounds once into the 16-bit
+        result."""
         if t.size > 1 and self.widens(call):
             send = t.empty(call.send.size, ACCUMULATOR)
             t.copy(call.send, send)
