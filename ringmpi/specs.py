@@ -439,8 +439,16 @@ class Alltoall(Collective):
 
 
 class Scan(Allreduce):
-    """The inclusive prefix reduction (MPI_Scan): rank r gets x0 op x1 op ... op xr; AVG
-    divides rank r's sum by r + 1. Arguments as `allreduce`'s."""
+    """The inclusive prefix reduction (MPI_Scan): rank r gets x0 op x1 op ... op xr of the
+    ranks' `sendbuf`s; "avg" divides rank r's sum by r + 1.
+
+    Algorithms: "linear" (the chain, p-1 hops: rank order, the deterministic mode's),
+    "recursive_doubling" (Hillis and Steele, ceil(lg p) rounds), "mpi", "auto". Arguments,
+    results and errors as in `allreduce`.
+
+    Example (mpirun -n 3):
+        >>> ringmpi.scan(np.array([rank + 1.0]))     # rank 0: [1.]; rank 1: [3.]; rank 2: [6.]
+    """
     name, busbw, simulated_mpi, taught = "scan", "1", "recursive_doubling", "linear"
     mpi_methods = ("Scan",)
 
