@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import linecache
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -184,7 +185,10 @@ def _blocking(spec: specs.Collective) -> Callable:
                           extra=f"({', '.join(others)},)" if others else "()",
                           given=", ".join(f"{p.name}={p.name}" for p in params))
     scope = {"memo": CACHE.memo(spec.name), "spec": spec, "planned": _planned, "defaults": defaults}
-    exec(compile(source, f"<ringmpi.{spec.name}>", "exec"), scope)   # noqa: S102 (our own template)
+    filename = f"<ringmpi.{spec.name}>"
+    exec(compile(source, filename, "exec"), scope)   # noqa: S102 (our own template)
+    # (its lines where tracebacks and inspect.getsource look, as attrs keeps its own)
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     call = scope[spec.name]
     call.__module__, call.__doc__ = __name__, type(spec).__doc__
     return call
