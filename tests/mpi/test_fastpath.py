@@ -232,3 +232,26 @@ def test_the_memo_follows_the_arrays_a_loop_passes(monkeypatch):
         assert np.array_equal(ringmpi.alltoall(x, y, algorithm="mpi"), want)
     assert group().seq == seq + 3 and len(kept) == n   # served by the memo
 
+
+
+@pytest.mark.parametrize("alg", ["auto", "ring", "mpi"])
+def test_arguments_the_caller_may_change_in_place_are_read_every_call(alg):
+    """Counts given as a list, changed in place between calls on the very same arrays, are
+    read afresh (no plan is kept for them), and MPI's own op objects (unhashable) are kept
+    by identity: the calls with MPI.SUM and MPI.MAX on the same arrays never mix."""
+    x = np.arange(4.0 * P) + R
+    counts = [4] * P
+    out = np.empty(4)
+    full = sum(COMM.allgather(x))
+    for _ in range(3):
+        ringmpi.reduce_scatter(x, out, counts=counts, algorithm=alg)
+        assert np.array_equal(out, full[4 * R:4 * R + 4]), (alg, out)
+    counts[:] = [4 * P] + [0] * (P - 1)   # (in place: the same list object)
+    mine = np.empty(counts[R])
+    got = ringmpi.reduce_scatter(x, mine, counts=counts, algorithm=alg)
+    assert np.array_equal(got, full if R == 0 else full[:0]), (alg, got)
+    y = np.empty_like(x)
+    for op, fold in ((MPI.SUM, sum), (MPI.MAX, lambda xs: np.maximum.reduce(xs)), (MPI.SUM, sum)):
+        for _ in range(3):
+            ringmpi.allreduce(x, y, op=op, algorithm=alg)
+            assert np.array_equal(y, fold(COMM.allgather(x))), (alg, op)
