@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import linecache
+import sys
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -37,8 +38,9 @@ SPECS, spec = specs.SPECS, specs.spec
 
 
 def invoke(spec: specs.Collective, call: Call, comm: Any = None, algorithm: str = "auto") -> Any:
-    """The public function on a harness call (`spec.make`): what a user's program runs."""
-    return globals()[spec.name](**spec.args(call), comm=comm, algorithm=algorithm)
+    """The public function on a harness call (`spec.make`): what a user's program runs (a
+    collective added after import made at first use, by the module's `__getattr__`)."""
+    return getattr(sys.modules[__name__], spec.name)(**spec.args(call), comm=comm, algorithm=algorithm)
 
 
 # -- the public calls ------------------------------------------------------------------------

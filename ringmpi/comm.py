@@ -60,9 +60,6 @@ from .settings import settings
 
 __all__ = ["Comm", "COLLECTIVES", "stats"]
 
-#: the keyword arguments of Comm(...): which ringmpi collective serves which mpi4py calls
-#: (the methods its spec names that `Comm` has, set after the class)
-COLLECTIVES = {name: spec.mpi_methods for name, spec in _c.SPECS.items()}
 _OPS = ((MPI.SUM, "SUM"), (MPI.PROD, "PROD"), (MPI.MAX, "MAX"), (MPI.MIN, "MIN"), (MPI.LAND, "LAND"),
         (MPI.LOR, "LOR"), (MPI.LXOR, "LXOR"), (MPI.BAND, "BAND"), (MPI.BOR, "BOR"), (MPI.BXOR, "BXOR"))
 _OP_IDS = {id(mop): name for mop, name in _OPS}   # the module's constants live as long as MPI
@@ -233,7 +230,7 @@ _BCAST, _ALLREDUCE = MPI.Intracomm.Bcast, MPI.Intracomm.Allreduce
 #: the dtypes of bare arrays whose calls `_Kept` may pass to mpi4py as they are (numpy's
 #: own instances: a call's dtype is compared by identity)
 _ARRAY_DTYPES = frozenset(d for d in SUPPORTED_DTYPES if not is_half(d))
-_LABELS = {method: f"{name}/mpi" for name, methods in COLLECTIVES.items() for method in methods}
+_LABELS = {method: f"{name}/mpi" for name, spec in _c.SPECS.items() for method in spec.mpi_methods}
 _LABELS.update({f"I{method[0].lower()}{method[1:]}": label for method, label in _LABELS.items()})
 
 
@@ -1020,8 +1017,10 @@ for _spec in _c.SPECS.values():   # (the collectives added by their specs alone,
         for _name, _method in _reduction_methods(_spec).items():
             _method.__name__ = _method.__qualname__ = _name
             setattr(Comm, _name, _method)
-COLLECTIVES = {name: served for name, methods in COLLECTIVES.items()
-               if (served := tuple(m for m in methods if m in vars(Comm)))}
+#: the keyword arguments of Comm(...): which ringmpi collective serves which mpi4py calls
+#: (the methods its spec names that `Comm` has)
+COLLECTIVES = {name: served for name, spec in _c.SPECS.items()
+               if (served := tuple(m for m in spec.mpi_methods if m in vars(Comm)))}
 
 
 @dataclass
