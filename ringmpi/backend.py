@@ -120,6 +120,10 @@ class ScratchPool:
         self.window = window
         self._slots: list[Any] = []
         self._peak: list[int] = []
+        #: per slot, the last view handed out, as (elements, dtype, view): a call that asks
+        #: what the last one asked gets it again (slicing and viewing the slot cost more than
+        #: a small call's message; benchmarks/README.md, "Scratch handed out again")
+        self._views: list[tuple | None] = []
         self._cursor = 0
         self._calls = 0
 
@@ -131,19 +135,30 @@ class ScratchPool:
             self.trim()
 
     def take(self, n: int, dtype: Any) -> Any:
-        dt = np.dtype(dtype)
-        need = n * dt.itemsize
         i = self._cursor
-        self._cursor += 1
-        if i == len(self._slots):
+        self._cursor = i + 1
+        if i < len(self._views):
+            last = self._views[i]
+            if last is not None and last[0] == n and last[1] is dtype:
+                return last[2]
+        else:
             self._slots.append(None)
             self._peak.append(0)
+            self._views.append(None)
+        dt = np.dtype(dtype)
+        need = n * dt.itemsize
         if self._slots[i] is None or self._slots[i].nbytes < need:
             self._slots[i] = self.backend.empty(need, np.uint8)
         self._peak[i] = max(self._peak[i], need)
-        return self._slots[i][:need].view(dt)
+        view = self._slots[i][:need].view(dt)
+        self._views[i] = (n, dtype, view)
+        return view
 
     def trim(self) -> None:
+        """Every `window` calls: the slots no call used since the last trim freed, those far
+        larger than their largest use shrunk (and the views kept forgotten: the next use of
+        a slot counts towards its peak again)."""
+        self._views = [None] * len(self._slots)
         for i, buf in enumerate(self._slots):
             if buf is None:
                 continue
@@ -155,6 +170,7 @@ class ScratchPool:
         while self._slots and self._slots[-1] is None:
             self._slots.pop()
             self._peak.pop()
+            self._views.pop()
 
     @property
     def nbytes(self) -> int:

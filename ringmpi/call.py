@@ -25,6 +25,8 @@ from typing import Any, NamedTuple
 
 __all__ = ["Call", "block_counts", "offsets", "cdiv", "lg"]
 
+_tuple_new = tuple.__new__
+
 
 class Call(NamedTuple):
     collective: Any
@@ -42,6 +44,11 @@ class Call(NamedTuple):
             if k == name:
                 return v
         return default
+
+    def on(self, send: Any, recv: Any) -> "Call":
+        """This call with other buffers: `_replace(send=send, recv=recv)` at a third of its
+        cost (a call on the same arrays again makes one: `Collective.again`)."""
+        return _tuple_new(Call, (self[0], send, recv, *self[3:]))
 
     def blocks(self, p: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The even split of the call's `count` elements over p ranks (`block_counts`) and

@@ -166,9 +166,14 @@ class _Wire(CountedMemory, PrivateMemory, ReceiveThenReduce):
 
     def sendrecv(self, sendbuf: np.ndarray | None, dest: int | None,
                  recvbuf: np.ndarray | None, source: int | None) -> None:
-        """One MPI_Sendrecv (split into several when a side exceeds max_count elements)."""
-        self._sendrecv(_pieces(None if dest is None else sendbuf, self.max_count), dest,
-                       _pieces(None if source is None else recvbuf, self.max_count), source)
+        """One MPI_Sendrecv (split into several when a side exceeds max_count elements). A
+        side of one piece that is no 16-bit float is listed as it is (`_pieces`' work, inline:
+        the round of every schedule passes here)."""
+        m = self.max_count
+        self._sendrecv([] if dest is None or sendbuf is None else [sendbuf]
+                       if sendbuf.size <= m and sendbuf.dtype.itemsize != 2 else _pieces(sendbuf, m), dest,
+                       [] if source is None or recvbuf is None else [recvbuf]
+                       if recvbuf.size <= m and recvbuf.dtype.itemsize != 2 else _pieces(recvbuf, m), source)
 
     def sendrecv_bytes(self, send: tuple[int, int] | None, dest: int | None,
                        recv: tuple[int, int] | None, source: int | None) -> None:
@@ -182,8 +187,15 @@ class _Wire(CountedMemory, PrivateMemory, ReceiveThenReduce):
 
     def _sendrecv_now(self, sp: list, dest: int | None, rp: list, source: int | None) -> None:
         """Pieces sp[i] and rp[i] in one MPI_Sendrecv each (a missing side: MPI_PROC_NULL)."""
-        self.counters.calls += 1
-        tag = self.tag
+        counters, tag = self.counters, self.tag
+        if len(sp) == 1 and len(rp) == 1:   # (the common exchange: one piece each way)
+            s = sp[0]
+            self.comm.Sendrecv(s, dest, tag, rp[0], source, tag)
+            counters.calls += 1
+            counters.messages += 1
+            counters.bytes_sent += s.nbytes
+            return
+        counters.calls += 1
         for i in range(max(len(sp), len(rp), 1)):
             s = sp[i] if i < len(sp) else None
             r = rp[i] if i < len(rp) else None

@@ -214,7 +214,7 @@ class Allreduce(Collective):
             return None
         send = flat_view(sendbuf, canonical)
         recv = send if call.inplace else flat_view(recvbuf, canonical)
-        return Call(self, send, recv, call.count, call.op, call.root, call.counts, call.inplace, call.params)
+        return call.on(send, recv)
 
     def args(self, call):
         return dict(sendbuf=call.send, recvbuf=call.recv, op=call.op)
