@@ -14,11 +14,15 @@ Progress. A request advances when ringmpi is called on the thread that owns it (
 `test`, `wait`, `waitall`, any collective), and, with the progress thread (RINGMPI_PROGRESS,
 `ringmpi.settings`), while the caller computes: numpy releases the GIL inside large kernels
 and mpi4py inside MPI calls. Greenlets belong to one thread, so a request is owned by the
-thread that first advances it: the progress thread takes the requests started while it
-runs; a `wait` that comes first (start then wait at once, nothing to overlap) takes its
-request itself and runs its body on its own stack, not in a greenlet, as a blocking call
-(`Engine._inline`; with nothing else in flight its messages are MPI_Sendrecv's, not
-Isend/Irecv pairs). The shared-memory bodies (`ringmpi.shm`) wait on flags in memory
+thread that first advances it, and only that thread can move it on. The progress thread
+takes the requests started while it runs, GRACE after their start; a caller's thread takes
+only the request it tests or waits for: a `wait` that comes first (start then wait at
+once, nothing to overlap) runs its body on its own stack, not in a greenlet, as a blocking
+call (`Engine._inline`; with nothing else in flight its messages are MPI_Sendrecv's, not
+Isend/Irecv pairs). A blocking call, or a wait for another request, leaves the others to
+the thread, which it wakes (`Engine._urge`): one taken there would stand still once the
+caller went on to compute, or to block in MPI outside ringmpi, however long a peer waited
+for it (a job that MPI's own requests finish would hang). The shared-memory bodies (`ringmpi.shm`) wait on flags in memory
 instead of MPI requests: their transport takes one call at a time, in the order of the
 starts. A caller polling yields the core with sched_yield, never time.sleep(0), which
 sleeps Linux's timer slack each time (`yield_core`). The progress thread never
@@ -106,7 +110,7 @@ class Request(_Handed):
         completes it as a wait does (MPI_Test's rule: the result is in the caller's buffer,
         and `wait()` still returns it). A call that failed raises its error here."""
         if not self.done:
-            engine().advance_mine()
+            engine().advance_mine(take=self)
         if self.done:
             self._collect()
         return self.done
@@ -310,9 +314,7 @@ def waitall(requests: Any) -> list:
 
 def testall(requests: Any) -> bool:
     """Advance every request; True when all are complete."""
-    requests = list(requests)
-    engine().advance_mine()
-    return all(r.test() for r in requests)
+    return all([r.test() for r in requests])   # (each tested: each takes itself, `Request.test`)
 
 
 class Engine:
@@ -370,7 +372,7 @@ class Engine:
         me = threading.get_ident()
         if req.owner == me:
             return True
-        if grace and time.perf_counter() - req.started < grace:
+        if grace and not req.waiter and time.perf_counter() - req.started < grace:
             return False
         with self.lock:
             if req.owner is None and not req.done:   # (done: another thread completed it since the caller looked)
@@ -461,18 +463,46 @@ class Engine:
         with self.lock:
             self.unwaited.pop(req, None)
 
-    def mine(self) -> list[Request]:
+    def mine(self, take: Any = None) -> list[Request]:
+        """The requests this thread may advance: those it owns, MPI's own posted ones (no
+        greenlet: any thread tests them, one step at a time), and of those nobody has taken
+        yet, `take`: the request its caller tests or waits for, or ALL (the progress thread,
+        and the exit). The others are the progress thread's to take: a body begun on this
+        thread resumes only on it, and would stand still while it computes or blocks outside
+        ringmpi, however long a peer waits for it (benchmarks/README.md, "Requests the
+        progress thread keeps")."""
         me = threading.get_ident()
         with self.lock:
-            return [r for r in self.active if r.owner in (None, me)]
+            return [r for r in self.active if r.owner == me or r.owner is None and
+                    (r.posted or take is ALL or r is take)]
 
-    def advance_mine(self, grace: float = 0.0) -> bool:
-        """Advance every request this thread owns or may take (`_claim`'s `grace`); True when
-        any moved."""
+    def advance_mine(self, grace: float = 0.0, take: Any = None) -> bool:
+        """Advance every request this thread owns or may take (`mine`; `_claim`'s `grace`);
+        True when any moved."""
         moved = False
-        for r in self.mine():
+        for r in self.mine(take):
             moved |= self._step(r, grace)
         return moved
+
+    def _urge(self, besides: Any = None) -> bool:
+        """A caller blocks (in a wait, or in a blocking call beside requests): where a request
+        nobody has taken is in flight (but `besides`, the one it waits for), the progress
+        thread is woken and neither naps nor leaves a young request its GRACE until `_calm`,
+        since that request may be what a peer, or the call waited for, needs next. Whether
+        it was urged."""
+        if len(self.active) <= (besides is not None):   # (nothing else in flight: no lock)
+            return False
+        with self.lock:
+            urge = any(r.owner is None and not r.posted and r is not besides for r in self.active)
+            if urge:
+                self.urgent += 1
+                if self.asleep:
+                    self.wake.notify()
+        return urge
+
+    def _calm(self) -> None:
+        with self.lock:
+            self.urgent -= 1
 
     def wait_for(self, req: Request) -> None:
         """Until `req` is complete: run it here if this thread owns it or may take it
@@ -481,39 +511,51 @@ class Engine:
         g, me = req.group, threading.get_ident()
         before = g.waiting(req.label, req.seq)
         req.waiter = True
+        others = self._urge(req)
         try:
-            while not req.done:
-                if req.posted:
-                    self._wait_posted(req)
-                    continue
-                if self._claim(req):
-                    if req.let is None and not req.inline:
-                        self._inline(req)
-                    elif not self.advance_mine() and not req.done:
-                        self.block([r for r in self.mine() if r.owner is not None and r.let is not None])
-                    continue
-                with self.lock:
-                    if req.done:
-                        break
-                    if req.finished is None:
-                        req.finished = threading.Event()
-                    finished = req.finished
-                    self.urgent += 1
-                    # (this thread's own requests in flight keep moving meanwhile: the one
-                    # waited for may need one of them, as a shared-memory call needs those
-                    # started before it to leave the transport)
-                    own = any(r.owner == me for r in self.active)
-                try:
-                    if own:
-                        self.advance_mine()
-                        finished.wait(OWN_NAP)
-                    else:
-                        finished.wait()
-                finally:
-                    with self.lock:
-                        self.urgent -= 1
+            self._wait_here(req, me, others)
         finally:
+            if others:
+                self._calm()
             g.waited(before)
+
+    def _wait_here(self, req: Request, me: int, others: bool) -> None:
+        """`wait_for`'s loop: `req` run here (inline, or stepped with this thread's own
+        requests), or waited for on the progress thread. Where `others` (requests nobody
+        has taken are in flight beside it), a `req` not yet begun is the thread's too: it
+        runs them all in one loop while this thread sleeps, where this thread running
+        `req` beside it would take turns with it for the GIL and the core."""
+        hand = others and req.owner is None and req.let is None
+        while not req.done:
+            if req.posted:
+                self._wait_posted(req)
+                continue
+            if not hand and self._claim(req):
+                if req.let is None and not req.inline:
+                    self._inline(req)
+                elif not self.advance_mine(take=req) and not req.done:
+                    self.block([r for r in self.mine(req) if r.owner is not None and r.let is not None])
+                continue
+            with self.lock:
+                if req.done:
+                    break
+                if req.finished is None:
+                    req.finished = threading.Event()
+                finished = req.finished
+                self.urgent += 1
+                # (this thread's own requests in flight keep moving meanwhile: the one
+                # waited for may need one of them, as a shared-memory call needs those
+                # started before it to leave the transport)
+                own = any(r.owner == me for r in self.active)
+            try:
+                if own:
+                    self.advance_mine()
+                    finished.wait(OWN_NAP)
+                else:
+                    finished.wait()
+            finally:
+                with self.lock:
+                    self.urgent -= 1
 
     def _inline(self, req: Request) -> None:
         """A request waited for before its body began (a start then a wait, nothing to
@@ -573,13 +615,18 @@ class Engine:
     def alongside(self, test: Callable[[], bool]) -> None:
         """Until `test()` (a blocking call's own messages, tested): advance this thread's
         requests in turn, so a rank blocked in one collective still moves the others."""
-        spins = 0
-        while not test():
-            if not self.advance_mine():
-                spins += 1
-                yield_core() if spins < 100 else time.sleep(2e-5)
-            else:
-                spins = 0
+        urged = self._urge()
+        try:
+            spins = 0
+            while not test():
+                if not self.advance_mine():
+                    spins += 1
+                    yield_core() if spins < 100 else time.sleep(2e-5)
+                else:
+                    spins = 0
+        finally:
+            if urged:
+                self._calm()
 
     # -- the progress thread ---------------------------------------------------------------
     def _loop(self) -> None:
@@ -617,10 +664,11 @@ class Engine:
                         linger = min(2 * linger, LONG_NAP if now > self.lively else PROMPT)
                     continue
             idle, linger = 0.0, LINGER_NAP
-            moved = self.advance_mine(GRACE)   # (its loop's names die with it: an idle thread holds no request)
+            # (no grace while a caller waits: it waits for another request, or for this thread)
+            moved = self.advance_mine(0.0 if self.urgent else GRACE, ALL)   # (its loop's names die with it)
             if moved or self.urgent:
                 nap = 0.0
-                time.sleep(0)       # (gives the GIL away: the caller may be waiting for it)
+                yield_core()        # (gives the GIL away, the caller may be waiting for it, without a timer's slack)
             else:
                 nap = min(max(2 * nap, 2e-5), MAX_NAP)
                 time.sleep(nap)
@@ -634,7 +682,7 @@ class Engine:
             if r.owner == me:
                 return now
             if r.owner is None:
-                look = min(look, r.started + GRACE)
+                look = min(look, r.started + (0.0 if self.urgent else GRACE))
         return look
 
     # -- what was never waited for ---------------------------------------------------------
@@ -650,7 +698,7 @@ class Engine:
         self.report()
         end = time.monotonic() + seconds
         while self.active and time.monotonic() < end:
-            if not self.advance_mine():
+            if not self.advance_mine(take=ALL):
                 time.sleep(1e-3)
 
     def report(self, group: Any = None, why: str = "at exit") -> None:
@@ -699,6 +747,8 @@ MAX_NAP = 2e-5
 ACTIVE: dict[Request, None] = {}
 _ENGINE: list[Engine] = []
 INF = float("inf")
+#: `Engine.mine`'s `take` for a thread that may take any request nobody has taken yet
+ALL = object()
 _MAKING = threading.Lock()
 
 

@@ -178,6 +178,42 @@ def test_progress_while_the_caller_computes(progress, count, thread_was):
         settings.reload({})
 
 
+@pytest.mark.parametrize("between", ["blocking call", "test of another request"])
+def test_a_request_moves_on_while_its_caller_blocks_outside_ringmpi(between, rng):
+    """MPI's progress rule across ranks: rank 0 starts a request, makes a ringmpi call (a
+    blocking collective, or a test of another request), then blocks in a plain mpi4py
+    receive that rank 1 sends only once its own wait for the request returned. Rank 0's
+    request must complete meanwhile, as MPI's own Iallreduce would (with a body begun by
+    the caller's thread there, it stood still and the job hung). The ringmpi call comes
+    right after the start (its plan made beforehand), before the progress thread's GRACE,
+    and the request is too small to wake a napping thread."""
+    if P < 2 or not ringmpi.api.group().wire:
+        pytest.skip("needs two ranks on MPI")
+    x = rng.standard_normal(1 << 14)
+    ref = np.empty_like(x)
+    COMM.Allreduce(x, ref)
+    ringmpi.allreduce(np.ones(2))
+    q = ringmpi.iallreduce(x, algorithm="ring")
+    if between == "blocking call":
+        ringmpi.allreduce(np.ones(2))
+    else:
+        other = ringmpi.iallreduce(np.ones(2), algorithm="ring")
+        other.test()
+        other.wait()
+    token = np.zeros(1)
+    if R == 0:
+        time.sleep(0.05)                     # (computes: the request must not wait for it)
+        COMM.Recv(token, source=1, tag=77)
+        out = q.wait()
+    else:
+        out = q.wait()
+        if R == 1:
+            COMM.Send(np.ones(1), dest=0, tag=77)
+    assert np.allclose(out, ref)
+    if R == 0:
+        assert token[0] == 1.0
+
+
 def test_errors_are_raised_at_the_start_and_never_disturb_the_next_call(rng):
     x = rng.standard_normal(10)
     with pytest.raises(RingmpiUsageError, match=r"ringmpi\.iallreduce \(rank \d+ of \d+\).*dtype"):
