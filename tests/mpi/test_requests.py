@@ -214,6 +214,71 @@ def test_a_request_moves_on_while_its_caller_blocks_outside_ringmpi(between, rng
         assert token[0] == 1.0
 
 
+SCHEDULE_ALGORITHMS = {"allreduce": ["ring", "recursive_doubling", "tree", "auto", "mpi"],
+                       "allgather": ["ring", "recursive_doubling", "auto"],
+                       "broadcast": ["pipeline", "tree", "auto"],
+                       "alltoall": ["auto"], "reduce_scatter": ["ring", "auto"]}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_schedules_of_starts_tests_waits_and_blocking_calls(seed):
+    """Random programs: the same collectives started, and blocking calls made between them,
+    in one order on every rank (MPI's rule), and each rank completing its requests in an
+    order of its own, some by polling `test()` a random number of times first, some with
+    `waitall`, some beside the next starts (the engine's ownership rules: a test takes only
+    its request, a blocking call leaves the rest to the progress thread). Every result is
+    MPI's own collective's on the same data (integer-valued floats: exact in any order)."""
+    shared = np.random.default_rng([seed, 99])             # the program: the same on every rank
+    mine = np.random.default_rng([seed, R])                # the order of completion: per rank
+    x_of = lambda n: np.random.default_rng([seed, n, R]).integers(-9, 9, n).astype(np.float64)   # noqa: E731
+    open_, checks = [], []
+
+    def expect(name, x):
+        if name == "allreduce":
+            ref = np.empty_like(x)
+            COMM.Allreduce(x, ref)
+        elif name == "allgather":
+            ref = np.empty(x.size * P)
+            COMM.Allgather(x, ref)
+        elif name == "broadcast":
+            ref = COMM.bcast(x, root=ROOT)
+        elif name == "alltoall":
+            ref = np.empty_like(x)
+            COMM.Alltoall(x, ref)
+        else:
+            ref = np.empty(x.size // P)
+            COMM.Reduce_scatter_block(x, ref)
+        return ref
+
+    for step in range(int(shared.integers(6, 12))):
+        name = str(shared.choice(list(SCHEDULE_ALGORITHMS)))
+        alg = str(shared.choice(SCHEDULE_ALGORITHMS[name]))
+        n = int(shared.choice([1, 7, 1000, 1 << 15])) * (P if name in ("alltoall", "reduce_scatter") else 1)
+        x = x_of(n + step)[:n]
+        ref = expect(name, x)
+        args = (x,) if name != "broadcast" else (x.copy(),)
+        kw = {"root": ROOT} if name == "broadcast" else {}
+        if shared.random() < 0.3:                      # a blocking call between the starts
+            checks.append((f"step {step} blocking {name}/{alg}", getattr(ringmpi, name)(*args, algorithm=alg, **kw), ref))
+            continue
+        open_.append((f"step {step} i{name}/{alg} n={n}", getattr(ringmpi, "i" + name)(*args, algorithm=alg, **kw), ref))
+        if open_ and mine.random() < 0.4:              # this rank completes one now, in its own order
+            what, q, ref_ = open_.pop(int(mine.integers(len(open_))))
+            for _ in range(int(mine.integers(0, 4))):
+                q.test()
+            checks.append((what, q.wait(), ref_))
+    mine.shuffle(open_)
+    half = len(open_) // 2
+    for what, out in zip([w for w, _, _ in open_[:half]], ringmpi.waitall([q for _, q, _ in open_[:half]])):
+        checks.append((what, out, dict((w, r) for w, _, r in open_)[what]))
+    for what, q, ref in open_[half:]:
+        while not q.test():
+            pass
+        checks.append((what, q.wait(), ref))
+    for what, out, ref in checks:
+        assert np.array_equal(np.asarray(out).reshape(-1), np.asarray(ref).reshape(-1)), f"{what}: {out} != {ref}"
+
+
 def test_errors_are_raised_at_the_start_and_never_disturb_the_next_call(rng):
     x = rng.standard_normal(10)
     with pytest.raises(RingmpiUsageError, match=r"ringmpi\.iallreduce \(rank \d+ of \d+\).*dtype"):
