@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import ctypes
 import inspect
+import linecache
 import mmap
 import operator
 import weakref
@@ -226,7 +227,6 @@ def _message(msg: Any, writable: bool) -> _Msg | None:
 
 _BYTES_LIKE = (bytearray, mmap.mmap, memoryview)
 _IN_PLACE = MPI.IN_PLACE
-_BCAST, _ALLREDUCE = MPI.Intracomm.Bcast, MPI.Intracomm.Allreduce
 #: the dtypes of bare arrays whose calls `_Kept` may pass to mpi4py as they are (numpy's
 #: own instances: a call's dtype is compared by identity)
 _ARRAY_DTYPES = frozenset(d for d in SUPPORTED_DTYPES if not is_half(d))
@@ -280,11 +280,10 @@ class _Kept:
     nothing hashed), and calls MPI's own on the arguments as they are, with the stall
     watch's bookkeeping of an MPI plan (`refused`: a call whose argument mpi4py refuses
     takes the full path, which explains or serves it). That comparison and bookkeeping are
-    written out in each of `Comm.Bcast`, `Comm.Allreduce` and `_blocks_method`, not called:
-    at a few bytes, one more Python frame is a tenth of mpi4py's whole call, and decides
-    whether the drop-in keeps within the issue's 1.5x of it (benchmarks/README.md, "The
-    drop-in's kept calls in one frame"). A nonblocking method's kept calls begin MPI's own
-    request (`start`)."""
+    written out in each of `Comm.Bcast`, `Comm.Allreduce`, `Comm.Allgather` and
+    `Comm.Alltoall` from one text (`_KEPT_CALL`), not called: at a few bytes, one more
+    Python frame is a tenth of mpi4py's whole call. A nonblocking method's kept calls begin
+    MPI's own request (`start`)."""
     __slots__ = ("method", "function", "label", "generation", "transport", "send", "recv", "extra", "kind",
                  "count", "datatype", "calls")
 
@@ -491,34 +490,69 @@ def _counts(x: Any, p: int) -> list[int] | None:
     return None if any(c is None for c in out) else out
 
 
-def _blocks_method(method: str, collective: str, whole_send: bool) -> Callable:
-    """`Comm.Allgather` and `Comm.Alltoall`: a call that fits the method's `_Kept` runs MPI's
-    own; the others are parsed (`Comm._blocks`) and served by ringmpi or left to mpi4py."""
-    kept_of = operator.attrgetter(_KEPT_METHODS[method])
+#: a drop-in method whose calls `_Kept` may pass to MPI's own, written out per method from
+#: this one text (`_kept_method`, as `collectives._CALL` writes the public calls): the
+#: comparison with the kept forms and the call-in-flight state of an MPI plan inline, where
+#: one more Python frame is a tenth of mpi4py's whole call at a few bytes, and decides
+#: whether the drop-in keeps within 1.5x of it (benchmarks/README.md, "The drop-in's kept
+#: calls in one frame"); any other call goes on to `rest`, the method's full path. A call
+#: whose argument mpi4py refuses takes the full path too (`_Kept.refused`).
+_KEPT_CALL = """def {method}(self, {params}):
+    kept = self.{attribute}
+    if kept is not None and {fits}:
+        t = kept.transport
+        if ACTIVE:
+            progress()
+        t.current = t.seq = t.seq + 1
+        t.busy = kept.label
+        try:
+            function(self, {args})
+        except BaseException as err:
+            kept.refused(err)
+        else:
+            t.busy = None
+            kept.calls += 1
+            return
+    rest(self, {args})
+"""
+#: `[buf, count, type]` of the kept form (the last buffer's, field by field: `_Kept`)
+_LISTED = ("type({b}) is list and len({b}) == 3 and {b}[2] is kept.datatype and {b}[1] == kept.count and "
+           "type({b}[0]) is kept.kind")
+#: a two-buffer call's send buffer of the kept form: MPI.IN_PLACE, a `[buf, count, type]`
+#: field by field, or what `_fits` takes
+_SENT = ("(sendbuf is _IN_PLACE if kept.send is True else type(sendbuf) is list and len(sendbuf) == 3 and "
+         "sendbuf[2] is kept.send.datatype and sendbuf[1] == kept.send.count and type(sendbuf[0]) is kept.send.kind "
+         "or _fits(sendbuf, kept.send))")
+#: a two-buffer call of the kept forms: the receive buffer a `[buf, count, type]`, else `_Kept.pair`
+_PAIRED = "(" + _LISTED.format(b="recvbuf") + " and " + _SENT + " or kept.pair(sendbuf, recvbuf))"
+
+
+def _kept_method(method: str, params: str, fits: str, rest: Callable, **defaults: Any) -> Callable:
+    """`Comm.<method>` from `_KEPT_CALL`: `params` its parameters after self (`defaults`
+    named in them), `fits` the expression that compares a call with the kept forms, `rest`
+    the full path (called with the same arguments)."""
+    args = ", ".join(p.split("=")[0].strip() for p in params.split(","))
+    source = _KEPT_CALL.format(method=method, params=params, attribute=_KEPT_METHODS[method], fits=fits, args=args)
+    scope = {"ACTIVE": ACTIVE, "progress": progress, "function": getattr(MPI.Intracomm, method), "rest": rest,
+             "_IN_PLACE": _IN_PLACE, "_fits": _fits, "np": np, **defaults}
+    filename = f"<ringmpi.Comm.{method}>"
+    exec(compile(source, filename, "exec"), scope)   # noqa: S102 (our own template)
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    made = scope[method]
+    made.__qualname__, made.__doc__ = f"Comm.{method}", getattr(MPI.Intracomm, method).__doc__
+    return made
+
+
+def _blocks_rest(method: str, collective: str, whole_send: bool) -> Callable:
+    """The full path of `Comm.Allgather` and `Comm.Alltoall`: the call parsed
+    (`Comm._blocks`) and served by ringmpi, or left to mpi4py."""
     plain = getattr(MPI.Intracomm, method)
 
-    def blocks(self: "Comm", sendbuf: Any, recvbuf: Any) -> None:
-        kept = kept_of(self)
-        if kept is not None and kept.pair(sendbuf, recvbuf):
-            t = kept.transport   # (MPI's own, as `_Kept` says; inline: see `_Kept.refused`)
-            if ACTIVE:
-                progress()
-            t.current = t.seq = t.seq + 1
-            t.busy = kept.label
-            try:
-                kept.function(self, sendbuf, recvbuf)
-            except BaseException as err:
-                kept.refused(err)
-            else:
-                t.busy = None
-                kept.calls += 1
-                return
+    def rest(self: "Comm", sendbuf: Any, recvbuf: Any) -> None:
         key = _forms(sendbuf, recvbuf, None)
         if not self._serve(method, self._blocks(collective, sendbuf, recvbuf, whole_send), key):
             plain(self, sendbuf, recvbuf)
-
-    blocks.__name__ = blocks.__qualname__ = method
-    return blocks
+    return rest
 
 
 class Comm(MPI.Intracomm):
@@ -608,26 +642,8 @@ class Comm(MPI.Intracomm):
         return self._wrap(super().Create_group(group, tag))
 
     # -- the collectives ringmpi serves ----------------------------------------------------
-    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
-        kept = self._kept_allreduce
-        if kept is not None and (op is kept.extra or op == kept.extra) and (
-                type(recvbuf) is list and len(recvbuf) == 3 and recvbuf[2] is kept.datatype and
-                recvbuf[1] == kept.count and type(recvbuf[0]) is kept.kind and
-                (sendbuf is _IN_PLACE if kept.send is True else _fits(sendbuf, kept.send))
-                or kept.pair(sendbuf, recvbuf)):
-            t = kept.transport   # (MPI's own, as `_Kept` says; inline: see `_Kept.refused`)
-            if ACTIVE:
-                progress()
-            t.current = t.seq = t.seq + 1
-            t.busy = kept.label
-            try:
-                _ALLREDUCE(self, sendbuf, recvbuf, op)
-            except BaseException as err:
-                kept.refused(err)
-            else:
-                t.busy = None
-                kept.calls += 1
-                return
+    def _allreduce_rest(self, sendbuf: Any, recvbuf: Any, op: Any) -> None:
+        """`Allreduce`'s full path, for a call that is not of its kept forms."""
         # the training loop's case with ringmpi's own algorithm: the same arrays as an
         # earlier call, whose plan (kept by the allreduce memo) is still current
         hot = self._hot
@@ -649,6 +665,9 @@ class Comm(MPI.Intracomm):
             return
         PASSED["Allreduce"] += 1
         super().Allreduce(sendbuf, recvbuf, op)
+
+    Allreduce = _kept_method("Allreduce", "sendbuf, recvbuf, op=SUM",
+                             "(op is kept.extra or op == kept.extra) and " + _PAIRED, _allreduce_rest, SUM=MPI.SUM)
 
     @staticmethod
     def _allreduce(sendbuf: Any, recvbuf: Any, op: Any) -> "_Served | None":
@@ -689,28 +708,15 @@ class Comm(MPI.Intracomm):
             return _Served("reduce", dict(sendbuf=sv, recvbuf=None, root=root, op=name))
         return None
 
-    def Bcast(self, buf: Any, root: int = 0) -> None:
-        kept = self._kept_bcast
-        if kept is not None and root == kept.extra and (
-                type(buf) is list and len(buf) == 3 and buf[2] is kept.datatype and buf[1] == kept.count
-                and type(buf[0]) is kept.kind or type(buf) is np.ndarray and buf.dtype is kept.datatype and
-                buf.size == kept.count or kept.fits(buf, None)):
-            t = kept.transport   # (MPI's own, as `_Kept` says; inline: see `_Kept.refused`)
-            if ACTIVE:
-                progress()
-            t.current = t.seq = t.seq + 1
-            t.busy = kept.label
-            try:
-                _BCAST(self, buf, root)
-            except BaseException as err:
-                kept.refused(err)
-            else:
-                t.busy = None
-                kept.calls += 1
-                return
+    def _bcast_rest(self, buf: Any, root: Any) -> None:
+        """`Bcast`'s full path, for a call that is not of its kept form."""
         key = _forms(buf, None, root)
         if not self._serve("Bcast", self._bcast(buf, root), key):
             super().Bcast(buf, root)
+
+    Bcast = _kept_method("Bcast", "buf, root=0", "root == kept.extra and (" + _LISTED.format(b="buf") +
+                         " or type(buf) is np.ndarray and buf.dtype is kept.datatype and buf.size == kept.count"
+                         " or kept.fits(buf, None))", _bcast_rest)
 
     def _bcast(self, buf: Any, root: Any) -> "_Served | None":
         if type(root) is not int or not 0 <= root < self.Get_size():
@@ -724,7 +730,7 @@ class Comm(MPI.Intracomm):
             v = v.copy()      # ringmpi's broadcast takes one writable buffer; the root's is only read
         return _Served("broadcast", dict(buf=v, root=root))
 
-    Allgather = _blocks_method("Allgather", "allgather", whole_send=False)
+    Allgather = _kept_method("Allgather", "sendbuf, recvbuf", _PAIRED, _blocks_rest("Allgather", "allgather", False))
 
     def _blocks(self, collective: str, sendbuf: Any, recvbuf: Any, whole_send: bool) -> "_Served | None":
         """Allgather and Alltoall, when both messages are arrays ringmpi serves exactly (the
@@ -870,7 +876,7 @@ class Comm(MPI.Intracomm):
             return None
         return m.flat[:total], counts
 
-    Alltoall = _blocks_method("Alltoall", "alltoall", whole_send=True)
+    Alltoall = _kept_method("Alltoall", "sendbuf, recvbuf", _PAIRED, _blocks_rest("Alltoall", "alltoall", True))
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
         if not self._serve("Reduce_scatter_block", self._scatter_block(sendbuf, recvbuf, op)):
@@ -921,7 +927,7 @@ class Comm(MPI.Intracomm):
 
     def _iblocks(self, method: str, kept: "_Kept | None", collective: str, whole_send: bool, sendbuf: Any,
                  recvbuf: Any) -> Any:
-        """`Iallgather` and `Ialltoall`, as `_blocks_method` is their blocking calls."""
+        """`Iallgather` and `Ialltoall`, as `_blocks_rest` and their kept calls are the blocking ones."""
         req = self._kept_start(kept, sendbuf, recvbuf, None, None)
         if req is not None:
             return req
