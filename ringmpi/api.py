@@ -14,6 +14,7 @@ Errors read 'ringmpi.CALL (rank r of p): what was expected, what came'.
 from __future__ import annotations
 
 import functools
+import linecache
 import os
 import time
 import weakref
@@ -920,94 +921,108 @@ def _timed(t: Any, tuner: Any, name: str, plan: Callable, sendbuf: Any, recvbuf:
     return out
 
 
+#: the run of an MPI plan (`send_recv_plan`, `call_plan`): the library's function on the
+#: user's arrays inside the call-in-flight state the stall watch reads, written out per
+#: kind from this one text (as `collectives._CALL` writes the public calls) and run with
+#: the plan's names (`_plan_run`): the fast path's hot loop, where a call through a helper
+#: is a measurable share of a small MPI call (benchmarks/README.md, "One call bracket for
+#: MPI's own calls"). `{arguments}` makes the function's arguments of the call's buffers
+#: (or returns the full path's result); `{call}` calls it, `{result}` is what returns. A
+#: buffer mpi4py refuses (its BufferError or ValueError, raised before any message moves)
+#: goes to the full path, which explains or serves it.
+_MPI_PLAN_RUN = """def run(sendbuf, recvbuf):
+    if tuner is not None and next(tuner.due):
+        return _timed(t, tuner, tuner.winner, run, sendbuf, recvbuf)
+{arguments}
+    if ACTIVE:
+        progress()
+    t.current = t.seq = t.seq + 1
+    t.busy = label
+    try:
+        {call}
+    except (BufferError, ValueError):
+        t.current = t.seq = t.seq - 1
+        t.busy = None
+        return slow(sendbuf, recvbuf)
+    except BaseException as err:   # (MPI's own error)
+        _failed(t, err)
+    t.busy = None
+    t.last_choice = choice
+    return {result}
+"""
+#: `send_recv_plan`'s arguments: a new result array, IN_PLACE, or the two arrays as they are
+#: (`check`: whether they may overlap, and a new result's layout, are tested)
+_SEND_RECV_ARGUMENTS = """    if recvbuf is None:
+        if copy_in_place and (not check or sendbuf.flags.c_contiguous):  # (copy() would take any layout)
+            recvbuf = sendbuf.copy()
+            send = in_place
+        else:
+            recvbuf = empty(sendbuf.shape if shape is None else shape, dtype)
+            send = (sendbuf, mpi_type)
+    elif recvbuf is sendbuf:
+        send = in_place
+    elif check and (sendbuf.base is not None or recvbuf.base is not None) and may_share(sendbuf, recvbuf):
+        return slow(sendbuf, recvbuf)
+    else:
+        send = (sendbuf, mpi_type)"""
+#: `call_plan`'s arguments: what the plan's `build` makes of the buffers
+_BUILT_ARGUMENTS = """    built = build(sendbuf, recvbuf)
+    if built is None:
+        return slow(sendbuf, recvbuf)"""
+_PLAN_RUNS = {
+    "send_recv": (_SEND_RECV_ARGUMENTS, "fn(send, (recvbuf, mpi_type), mpi_op) if mpi_op is not None else "
+                  "fn(send, (recvbuf, mpi_type))", "recvbuf"),
+    "call": (_BUILT_ARGUMENTS, "fn(*built[0])", "built[1]"),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _plan_code(kind: str) -> Any:
+    """The compiled run of `kind` (one text, one code object, for every plan of that kind;
+    its lines where tracebacks and inspect.getsource look)."""
+    arguments, call, result = _PLAN_RUNS[kind]
+    source = _MPI_PLAN_RUN.format(arguments=arguments, call=call, result=result)
+    filename = f"<ringmpi.api {kind}_plan>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    return compile(source, filename, "exec")
+
+
+def _plan_run(kind: str, **names: Any) -> Callable:
+    """A run of `kind` over `names` (the plan's transport, function, labels, ...)."""
+    scope = {"ACTIVE": ACTIVE, "progress": progress, "_timed": _timed, "_failed": _failed, **names}
+    exec(_plan_code(kind), scope)   # noqa: S102 (our own template)
+    return scope["run"]
+
+
 def send_recv_plan(t: Any, how: MPIPlan, label: str, choice: dict, slow: Callable, tuner: Any = None) -> Callable:
     """The library's `how.function(send, recv[, op])` on the user's arrays: a new result array
     of `how.shape` (None: the send buffer's shape at that call, which `x.shape = ...` can change
     under the same array object) and `how.dtype` when recvbuf is None, IN_PLACE when recvbuf is
-    sendbuf. This is the fast path's hot loop: no validation beyond what the plan's key
-    guarantees, and anything the key does not cover (overlapping buffers, a read-only
-    result, a buffer mpi4py cannot take: its BufferError or ValueError, raised before any
-    message moves) goes to the full path, which explains or serves it. Buffers go to MPI
-    with the datatype of the canonical dtype (`mpi_function`), so 'l' and 'q' arrays mix.
-    `run.same_buffers` skips the overlap test: for a caller that passes the very arrays
-    (by identity) that passed it before (an array's memory never moves). `how.copy_in_place`
-    (a small all-reduce whose result is shaped like its input): a new result is a copy of
-    the send buffer reduced in place, which costs mpi4py one buffer less to parse, more
-    than copying a few hundred bytes costs over allocating them (`mpicomm._COPY_IN_PLACE`)."""
-    # (one closure, longer than the house's 50 lines: the hot loop of the fast path, where a
-    # call through a helper is a measurable share of a small MPI call: benchmarks/README.md,
-    # "Figures behind constants in the code")
+    sendbuf. This is the fast path's hot loop (`_MPI_PLAN_RUN`): no validation beyond what
+    the plan's key guarantees, and anything the key does not cover (overlapping buffers, a
+    read-only result, a buffer mpi4py cannot take) goes to the full path, which explains or
+    serves it. Buffers go to MPI with the datatype of the canonical dtype (`mpi_function`),
+    so 'l' and 'q' arrays mix. `run.same_buffers` skips the overlap test: for a caller that
+    passes the very arrays (by identity) that passed it before (an array's memory never
+    moves). `how.copy_in_place` (a small all-reduce whose result is shaped like its input):
+    a new result is a copy of the send buffer reduced in place, which costs mpi4py one
+    buffer less to parse, more than copying a few hundred bytes costs over allocating them
+    (`mpicomm._COPY_IN_PLACE`)."""
     fn, mpi_op, in_place, mpi_type = t.mpi_function(how.function, how.op, how.dtype)
-    shape, dtype, copy_in_place = how.shape, how.dtype, how.copy_in_place
-    empty, may_share = np.empty, np.may_share_memory
-    if shape is not None and len(shape) == 1:
-        shape = shape[0]  # np.empty(n) is faster than np.empty((n,))
-
-    def make(check: bool) -> Callable:
-        def run(sendbuf: Any, recvbuf: Any) -> Any:
-            if tuner is not None and next(tuner.due):
-                return _timed(t, tuner, tuner.winner, run, sendbuf, recvbuf)
-            if recvbuf is None:
-                if copy_in_place and (not check or sendbuf.flags.c_contiguous):  # (copy() would take any layout)
-                    recvbuf = sendbuf.copy()
-                    send = in_place
-                else:
-                    recvbuf = empty(sendbuf.shape if shape is None else shape, dtype)
-                    send = (sendbuf, mpi_type)
-            elif recvbuf is sendbuf:
-                send = in_place
-            elif check and (sendbuf.base is not None or recvbuf.base is not None) and may_share(sendbuf, recvbuf):
-                return slow(sendbuf, recvbuf)
-            else:
-                send = (sendbuf, mpi_type)
-            if ACTIVE:
-                progress()
-            t.current = t.seq = t.seq + 1
-            t.busy = label
-            try:
-                fn(send, (recvbuf, mpi_type), mpi_op) if mpi_op is not None else fn(send, (recvbuf, mpi_type))
-            except (BufferError, ValueError):
-                t.current = t.seq = t.seq - 1
-                t.busy = None
-                return slow(sendbuf, recvbuf)
-            except BaseException as err:   # (MPI's own error)
-                _failed(t, err)
-            t.busy = None
-            t.last_choice = choice
-            return recvbuf
-        return run
-    checked = make(True)
-    checked.same_buffers = make(False)  # type: ignore[attr-defined]
+    shape = how.shape[0] if how.shape is not None and len(how.shape) == 1 else how.shape   # (np.empty(n): faster)
+    names = dict(t=t, tuner=tuner, label=label, choice=choice, slow=slow, fn=fn, mpi_op=mpi_op, in_place=in_place,
+                 mpi_type=mpi_type, shape=shape, dtype=how.dtype, copy_in_place=how.copy_in_place, empty=np.empty,
+                 may_share=np.may_share_memory)
+    checked = _plan_run("send_recv", check=True, **names)
+    checked.same_buffers = _plan_run("send_recv", check=False, **names)  # type: ignore[attr-defined]
     return checked
 
 
 def call_plan(t: Any, how: MPIPlan, label: str, choice: dict, slow: Callable, tuner: Any = None) -> Callable:
     """The library's `how.function(*args)` with `(args, result) = how.build(sendbuf, recvbuf)`
     (None: the full path) for the collectives whose calls do not fit `send_recv_plan`."""
-    fn, build = t.mpi_function(how.function)[0], how.build
-
-    def run(sendbuf: Any, recvbuf: Any) -> Any:
-        if tuner is not None and next(tuner.due):
-            return _timed(t, tuner, tuner.winner, run, sendbuf, recvbuf)
-        built = build(sendbuf, recvbuf)
-        if built is None:
-            return slow(sendbuf, recvbuf)
-        if ACTIVE:
-            progress()
-        t.current = t.seq = t.seq + 1
-        t.busy = label
-        try:
-            fn(*built[0])
-        except (BufferError, ValueError):
-            t.current = t.seq = t.seq - 1
-            t.busy = None
-            return slow(sendbuf, recvbuf)
-        except BaseException as err:
-            _failed(t, err)
-        t.busy = None
-        t.last_choice = choice
-        return built[1]
-    return run
+    return _plan_run("call", t=t, tuner=tuner, label=label, choice=choice, slow=slow,
+                     fn=t.mpi_function(how.function)[0], build=how.build)
 
 
 settings_module.on_reload(forget_plans)
