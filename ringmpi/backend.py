@@ -122,7 +122,7 @@ class ScratchPool:
         self._peak: list[int] = []
         #: per slot, the last view handed out, as (elements, dtype, view): a call that asks
         #: what the last one asked gets it again (slicing and viewing the slot cost more than
-        #: a small call's message; benchmarks/README.md, "Scratch handed out again")
+        #: a small call's message; benchmarks/README.md, "A round of a schedule in less Python")
         self._views: list[tuple | None] = []
         self._cursor = 0
         self._calls = 0
