@@ -14,7 +14,6 @@ Errors read 'ringmpi.CALL (rank r of p): what was expected, what came'.
 from __future__ import annotations
 
 import functools
-import linecache
 import os
 import time
 import weakref
@@ -32,6 +31,7 @@ from .ops import SUPPORTED_DTYPES, canonical, check_op_dtype, is_half
 from .settings import log, settings
 from .specs import flat_view
 from .transport import MPIPlan
+from .written import compiled
 from . import requests
 from .requests import ACTIVE, progress
 
@@ -981,10 +981,7 @@ def _plan_code(kind: str) -> Any:
     """The compiled run of `kind` (one text, one code object, for every plan of that kind;
     its lines where tracebacks and inspect.getsource look)."""
     arguments, call, result = _PLAN_RUNS[kind]
-    source = _MPI_PLAN_RUN.format(arguments=arguments, call=call, result=result)
-    filename = f"<ringmpi.api {kind}_plan>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    return compile(source, filename, "exec")
+    return compiled(_MPI_PLAN_RUN.format(arguments=arguments, call=call, result=result), f"<ringmpi.api {kind}_plan>")
 
 
 def _plan_run(kind: str, **names: Any) -> Callable:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import linecache
 import sys
 import weakref
 from collections import OrderedDict
@@ -27,6 +26,7 @@ from .requests import Persistent, Request, progress, testall, waitall
 from .call import Call
 from .specs import returned
 from .transport import LRU
+from .written import written
 
 #: the public calls (re-exported by `ringmpi`); the specs are `SPECS` and `spec(name)`
 #: (and each collective's nonblocking and persistent calls, made below from its spec: `_serve`)
@@ -168,30 +168,26 @@ def _blocking(spec: specs.Collective) -> Callable:
     params = list(inspect.signature(spec.prepare).parameters.values())[1:]   # (but the edge)
     send, recv = spec.send_arg, spec.recv_arg
     others = [p.name for p in params if p.name not in (send, recv)]
-    written, defaults = [], []
+    spelled, defaults = [], []
     for p in params:
-        if p.kind is p.KEYWORD_ONLY and "*" not in written:
-            written.append("*")
+        if p.kind is p.KEYWORD_ONLY and "*" not in spelled:
+            spelled.append("*")
         if p.default is p.empty:
-            written.append(p.name)
+            spelled.append(p.name)
         else:
-            written.append(f"{p.name}=defaults[{len(defaults)}]")
+            spelled.append(f"{p.name}=defaults[{len(defaults)}]")
             defaults.append(p.default)
-    if "*" not in written:
-        written.append("*")
+    if "*" not in spelled:
+        spelled.append("*")
     recv_same = (f"({recv} is None if m.recv is None else {recv} is {send} if m.recv is True else "
                  f"m.recv() is {recv} and {recv}.dtype is m.recv_dtype)") if recv else "True"
-    source = _CALL.format(name=spec.name, params=", ".join(written), send=send, recv=recv or "None",
+    source = _CALL.format(name=spec.name, params=", ".join(spelled), send=send, recv=recv or "None",
                           recv_same=recv_same, same=" and ".join(f"m.extra[{i}] is {n}" for i, n in
                                                                 enumerate(others)) or "True",
                           extra=f"({', '.join(others)},)" if others else "()",
                           given=", ".join(f"{p.name}={p.name}" for p in params))
     scope = {"memo": CACHE.memo(spec.name), "spec": spec, "planned": _planned, "defaults": defaults}
-    filename = f"<ringmpi.{spec.name}>"
-    exec(compile(source, filename, "exec"), scope)   # noqa: S102 (our own template)
-    # (its lines where tracebacks and inspect.getsource look, as attrs keeps its own)
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    call = scope[spec.name]
+    call = written(source, f"<ringmpi.{spec.name}>", scope, spec.name)
     call.__module__, call.__doc__ = __name__, type(spec).__doc__
     return call
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import ctypes
 import inspect
-import linecache
 import mmap
 import operator
 import weakref
@@ -58,6 +57,7 @@ from .requests import ACTIVE, engine, progress
 from .errors import RingmpiUsageError
 from .ops import SUPPORTED_DTYPES, check_op_dtype, is_half
 from .settings import settings
+from .written import written
 
 __all__ = ["Comm", "COLLECTIVES", "stats"]
 
@@ -535,10 +535,7 @@ def _kept_method(method: str, params: str, fits: str, rest: Callable, **defaults
     source = _KEPT_CALL.format(method=method, params=params, attribute=_KEPT_METHODS[method], fits=fits, args=args)
     scope = {"ACTIVE": ACTIVE, "progress": progress, "function": getattr(MPI.Intracomm, method), "rest": rest,
              "_IN_PLACE": _IN_PLACE, "_fits": _fits, "np": np, **defaults}
-    filename = f"<ringmpi.Comm.{method}>"
-    exec(compile(source, filename, "exec"), scope)   # noqa: S102 (our own template)
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    made = scope[method]
+    made = written(source, f"<ringmpi.Comm.{method}>", scope, method)
     made.__qualname__, made.__doc__ = f"Comm.{method}", getattr(MPI.Intracomm, method).__doc__
     return made
 

@@ -18,7 +18,7 @@ PKG = Path(ringmpi.__file__).parent
 
 #: lowest first; a module may import modules of its own layer or below (never above)
 LAYERS = [
-    ("leaves", {"errors", "units", "call", "transport", "cost", "ops"}),
+    ("leaves", {"errors", "units", "call", "transport", "cost", "ops", "written"}),
     ("memory and settings", {"backend", "settings", "device", "cma"}),
     ("algorithms and models", {"specs", "schedules", "schedules.*", "stall", "requests", "model", "calibrate"}),
     ("simulator", {"sim"}),
