@@ -22,9 +22,9 @@ call (`Engine._inline`; with nothing else in flight its messages are MPI_Sendrec
 Isend/Irecv pairs). A blocking call, or a wait for another request, leaves the others to
 the thread, which it wakes (`Engine._urge`): one taken there would stand still once the
 caller went on to compute, or to block in MPI outside ringmpi, however long a peer waited
-for it (a job that MPI's own requests finish would hang). The shared-memory bodies (`ringmpi.shm`) wait on flags in memory
-instead of MPI requests: their transport takes one call at a time, in the order of the
-starts. A caller polling yields the core with sched_yield, never time.sleep(0), which
+for it (a job that MPI's own requests finish would hang). The shared-memory bodies
+(`ringmpi.shm`) wait on flags in memory instead of MPI requests: their transport takes one
+call at a time, in the order of the starts. A caller polling yields the core with sched_yield, never time.sleep(0), which
 sleeps Linux's timer slack each time (`yield_core`). The progress thread never
 waits inside MPI (Open MPI spins there, and would take the core the caller computes on): it
 tests, and sleeps between tests, less and less often while nothing completes, and not at
@@ -664,14 +664,18 @@ class Engine:
                         linger = min(2 * linger, LONG_NAP if now > self.lively else PROMPT)
                     continue
             idle, linger = 0.0, LINGER_NAP
-            # (no grace while a caller waits: it waits for another request, or for this thread)
-            moved = self.advance_mine(0.0 if self.urgent else GRACE, ALL)   # (its loop's names die with it)
+            moved = self.advance_mine(self._grace(), ALL)   # (its loop's names die with it)
             if moved or self.urgent:
                 nap = 0.0
                 yield_core()        # (gives the GIL away, the caller may be waiting for it, without a timer's slack)
             else:
                 nap = min(max(2 * nap, 2e-5), MAX_NAP)
                 time.sleep(nap)
+
+    def _grace(self) -> float:
+        """How long the thread leaves a request nobody has taken to its caller: GRACE, none
+        while a caller waits (it waits for another request, or for this thread)."""
+        return 0.0 if self.urgent else GRACE
 
     def _next_look(self, me: int, now: float) -> float:
         """When the thread has something to do (under the lock): now if it owns a request in
@@ -682,7 +686,7 @@ class Engine:
             if r.owner == me:
                 return now
             if r.owner is None:
-                look = min(look, r.started + (0.0 if self.urgent else GRACE))
+                look = min(look, r.started + self._grace())
         return look
 
     # -- what was never waited for ---------------------------------------------------------
