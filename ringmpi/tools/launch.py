@@ -9,7 +9,8 @@
   variables that allow it; more ranks than cores: the MPI's "yield when idle" knob, so that
   waiting ranks give their core away instead of spinning (Open MPI mpi_yield_when_idle;
   MPICH MPIR_CVAR_CH4_PROGRESS_THROTTLE and MPIR_CVAR_POLLS_BEFORE_YIELD); TCP messages
-  between hosts up to TCP_EAGER_LIMIT sent eagerly, unless the user set the limit;
+  between hosts up to TCP_EAGER_LIMIT sent eagerly, unless the user set the limit; MPI's
+  nonblocking all-reduce on two ranks by recursive doubling (LIBNBC_ALLREDUCE);
 - one BLAS/OpenMP thread per rank (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, MKL_NUM_THREADS)
   unless already set: N ranks x N threads on N cores is the slowest way to run;
 - the environment of an enclosing MPI job (PMI_*, PMIX_*, OMPI_COMM_*, HYDRA_*) is dropped,
@@ -118,6 +119,16 @@ def open_mpi_version(cmd: list[str]) -> tuple[int, ...] | None:
 #: "Eager TCP messages"). Set where the user has not set it (OMPI_MCA_btl_tcp_eager_limit,
 #: or `--mca btl_tcp_eager_limit` in --mpi-args).
 TCP_EAGER_LIMIT = 16 << 20
+#: Open MPI's nonblocking and persistent all-reduce (libnbc) on two ranks: recursive doubling
+#: (its algorithm 4), one exchange, as its blocking all-reduce does there. Its own choice
+#: below 4 ranks is a binomial reduce then a broadcast, two messages in turn: MPI_Iallreduce
+#: then cost 1.3x MPI_Allreduce at 64 KiB on two ranks, recursive doubling what the
+#: blocking call costs (benchmarks/README.md, "A nonblocking call in one frame, and MPI's
+#: on two ranks"). A call whose count differs between the two ranks then fails on one and
+#: completes on the other, as the blocking one does (the failing rank's warning says the
+#: other's result is wrong; RINGMPI_CHECK=1 stops it before any message). Three ranks and
+#: more keep its choice. Set where the user has not set it.
+LIBNBC_ALLREDUCE = "coll_libnbc_iallreduce_algorithm"
 #: Open MPI 5's ULFM, as it works on one host and over TCP: `--with-ft ulfm` alone leaves the
 #: survivors of a killed rank waiting forever in their collective (over shared memory) or the
 #: job never ending (over TCP); MPI's own failure detector (a heartbeat around the ring of
@@ -148,6 +159,9 @@ def mpirun_command(n: int, argv: list[str], extra: list[str] | None = None, host
             flags += ["--mca", "mpi_yield_when_idle", "1"]
         if "OMPI_MCA_btl_tcp_eager_limit" not in os.environ and "btl_tcp_eager_limit" not in (extra or []):
             flags += ["--mca", "btl_tcp_eager_limit", str(TCP_EAGER_LIMIT)]
+        if n == 2 and f"OMPI_MCA_{LIBNBC_ALLREDUCE}" not in os.environ and \
+                LIBNBC_ALLREDUCE not in (extra or []):
+            flags += ["--mca", LIBNBC_ALLREDUCE, "4"]
         if fault_tolerant:
             flags += ULFM_FLAGS
     if hosts:

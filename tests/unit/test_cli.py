@@ -159,6 +159,23 @@ def test_open_mpis_tcp_messages_go_eagerly_unless_the_user_says(monkeypatch):
     assert "btl_tcp_eager_limit" not in launch.mpirun_command(2, ["prog"])
 
 
+def test_open_mpis_nonblocking_allreduce_on_two_ranks_is_recursive_doubling_unless_the_user_says(monkeypatch):
+    from ringmpi.tools import launch
+    name = launch.LIBNBC_ALLREDUCE
+    monkeypatch.setenv("MPIRUN", "mpirun")
+    monkeypatch.delenv(f"OMPI_MCA_{name}", raising=False)
+    monkeypatch.setattr(launch, "open_mpi_version", lambda cmd: (5, 0, 11))
+    cmd = launch.mpirun_command(2, ["prog"])
+    assert cmd[cmd.index(name) + 1] == "4"
+    assert name not in launch.mpirun_command(3, ["prog"]) and name not in launch.mpirun_command(4, ["prog"])
+    assert launch.mpirun_command(2, ["prog"], extra=["--mca", name, "2"]).count(name) == 1
+    monkeypatch.setenv(f"OMPI_MCA_{name}", "2")
+    assert name not in launch.mpirun_command(2, ["prog"])
+    monkeypatch.setattr(launch, "open_mpi_version", lambda cmd: None)
+    monkeypatch.delenv(f"OMPI_MCA_{name}")
+    assert name not in launch.mpirun_command(2, ["prog"])
+
+
 def test_sim_accuracy_takes_the_workers_given():
     """`--workers 8` is the ranks asked for, not the default list of the study."""
     proc = ringmpi(["sim", "accuracy", "--workers", "8", "--count", "64"])
