@@ -9,7 +9,8 @@ drop-in's `Iallreduce(x, y).Wait()` (nothing to overlap: what a request costs ov
 call) on the same arrays (float32 SUM); each loop is timed on every rank and the slowest
 rank counts.
 Printed: the median over rounds of each and the ratios to MPI's own, with the spread
-(lowest-highest round). With PYTHONPATH pointing at another checkout, the same script times
+(lowest-highest round), the request's ratio to ringmpi's blocking call, and what a
+request ran (auto's choice). With PYTHONPATH pointing at another checkout, the same script times
 that tree's ringmpi: alternate the two in one shell loop to compare versions.
 """
 from __future__ import annotations
@@ -66,18 +67,26 @@ def main() -> None:
                     fn()
                 per = (time.perf_counter() - t0) / calls
                 times[name].append(world.allreduce(per, op=MPI.MAX))
-        rows.append((nbytes, times))
+        ran = ""
         if bound is not None:
             bound.free()
+            last = ringmpi.iallreduce(x, y)
+            last.wait()
+            ran = f" (a request ran {last.label.split('/')[-1]})"
+        rows.append((nbytes, times, ran))
     if world.rank == 0:
-        for nbytes, times in rows:
+        for nbytes, times, ran in rows:
             mpi = statistics.median(times["mpi"])
             parts = [f"{ns.label}{nbytes} B: mpi {mpi * 1e6:.2f} us"]
             for name in list(times)[1:]:
                 ratios = [a / b for a, b in zip(times[name], times["mpi"])]
                 parts.append(f"{name} {statistics.median(times[name]) * 1e6:.2f} us = "
                              f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
-            print("; ".join(parts), flush=True)
+            if "iallreduce().wait()" in times:   # (what a request costs over ringmpi's own blocking call)
+                ratios = [a / b for a, b in zip(times["iallreduce().wait()"], times["ringmpi.allreduce"])]
+                parts.append(f"iallreduce().wait() / ringmpi.allreduce {statistics.median(ratios):.2f}x "
+                             f"({min(ratios):.2f}-{max(ratios):.2f})")
+            print("; ".join(parts) + ran, flush=True)
 
 
 if __name__ == "__main__":

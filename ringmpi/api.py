@@ -511,6 +511,36 @@ class _Bound:
         req.source = p
         return req
 
+    def again_plan(self, p: Any, send: Any, recv: Any) -> Callable:
+        """What starts the next nonblocking call on the very arrays `send` and `recv` of
+        this one, whose persistent request is `p` (the public call's memo runs it: the
+        written-out `i...` call): MPI's nonblocking collective posted with these arrays as
+        they are, where the lean call was (`recipe`) and they are what it sends (flat plain
+        arrays in their canonical dtype: `specs.flat_view` would return them) and nothing
+        is left to finish (no AVG); else `restart_same`. Either returns None where it
+        cannot start this call (the last one still in flight, the arrays changed), and the
+        call takes the full path."""
+        recv = send if recv is None else recv
+        if self.recipe is not None and self.stripped.op != "AVG" and _flat(send, self.canonical) and \
+                _flat(recv, self.canonical):
+            return functools.partial(self.lean_again, p)
+        return functools.partial(_restart_kept, self.stripped.collective, p)
+
+    def lean_again(self, p: Any, send: Any, recv: Any) -> Any:
+        """`relaunch` on the arrays as the caller passed them (`again_plan`: no `Call` made,
+        nothing to finish): a nonblocking call on the same arrays costs about MPI's own."""
+        last = p.request
+        recv = send if recv is None else recv
+        if last is not None and not last.waited or not recv.flags.writeable:
+            return None
+        t = self.t
+        t.seq += 1
+        method, recipe = self.recipe   # type: ignore[misc]
+        inner = method(self.view.comm, *[send if a is _SEND else recv if a is _RECV else a for a in recipe])
+        req = p.request = requests.MPIRequest(self.name, t.seq, t, inner, None, recv)
+        req.source = p
+        return req
+
     def body(self, view: Any, call: Call, result: Any) -> Any:
         dev = self.dev
         if dev is not None and dev.parent is not view:   # (a fresh request transport: its own device one)
@@ -527,6 +557,20 @@ class _Bound:
 
 #: where a posted call's arguments held the call's send and receive buffers (`_recipe`)
 _SEND, _RECV = object(), object()
+
+
+def _flat(a: Any, canonical: Any) -> bool:
+    """Array `a` is what ringmpi sends of it (`specs.flat_view(a, canonical) is a`)."""
+    return type(a) is np.ndarray and a.ndim == 1 and a.dtype.char == canonical.char
+
+
+def _restart_kept(spec: Any, p: Any, send: Any, recv: Any) -> Any:
+    """`restart_same` for the public call's memo (`_Bound.again_plan`): None while the
+    last call on these arrays is in flight (a new request then takes the full path)."""
+    last = p.request
+    if last is not None and not last.waited:
+        return None
+    return restart_same(spec, p, send, send if recv is None else recv)
 
 
 def _recipe(posted: tuple, call: Call) -> tuple | None:

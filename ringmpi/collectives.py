@@ -3,14 +3,13 @@
 Each collective's spec (`ringmpi.specs`) says what is true of it: its counts, its harness
 data and expected results, and its public call: the parameters and checks of `prepare`,
 and the documentation in its docstring. The calls here are made from the specs, one of
-each kind for every spec (`_serve`): the blocking one written out from a template
-(`_CALL`, as `dataclasses` writes `__init__`: the memo's check inline, so that a call on
-the very same arrays costs what a function written by hand costs), the nonblocking and
-persistent ones around it (`_as_request`).
+each kind for every spec (`_serve`), written out from a template (`_CALL`, `_INIT`; as
+`dataclasses` writes `__init__`): the blocking and the nonblocking one with their memo's
+check inline, so that a call on the very same arrays costs what a function written by
+hand costs.
 """
 from __future__ import annotations
 
-import functools
 import inspect
 import sys
 import weakref
@@ -21,7 +20,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import specs
-from .api import CACHE, PLANS, Edge, Memo, execute, group, request, restart, restart_same
+from .api import CACHE, PLANS, Edge, Memo, execute, group, request, restart, restart_same, settings
 from .requests import Persistent, Request, progress, testall, waitall
 from .call import Call
 from .specs import returned
@@ -148,23 +147,28 @@ def _keyed(extra: tuple) -> tuple | None:
 _PLAIN = (str, int, float, bool, type(None))   # argument types a plan's key holds as they are
 
 
-#: a collective's public call, for the names of its spec's `prepare` (`_blocking`)
+#: a collective's public call, for the names of its spec's `prepare` (`_written`): its memo's
+#: plan serves the very same arguments at once (`served`: a blocking plan's result; a
+#: nonblocking plan's request, or None where it cannot start one, and the call goes on)
 _CALL = """def {name}({params}, comm=None, algorithm="auto"):
     m = memo
     plan = m.plan
     if plan is not None and m.comm is comm and m.algorithm is algorithm and m.send() is {send} and {same} \\
             and {send}.dtype is m.send_dtype and {recv_same}:
-        return plan({send}, {recv})
+        {served}
     return planned(spec, m, {extra}, comm, algorithm, dict({given}))
 """
+_SERVED = {False: "return plan({send}, {recv})",
+           True: "out = plan({send}, {recv})\n        if out is not None:\n            return out"}
 
 
-def _blocking(spec: specs.Collective) -> Callable:
-    """The public call of `spec`: the parameters of its `prepare` (the same names, kinds
-    and defaults), then `comm` and `algorithm`; its docstring the spec's. Written out from
-    `_CALL` for these names, as `dataclasses` writes `__init__`: the memo's check inline
-    costs what a function written by hand costs (benchmarks/README.md, "A collective from
-    its spec alone")."""
+def _written(spec: specs.Collective, kind: str = "blocking") -> Callable:
+    """The public call of `spec` of `kind`: "blocking", "nonblocking" (i...) or "persistent"
+    (..._init): the parameters of its `prepare` (the same names, kinds and defaults), then
+    `comm` and `algorithm`. Written out from `_CALL` (`_INIT`) for these names, as
+    `dataclasses` writes `__init__`: the memo's check inline costs what a function written
+    by hand costs (benchmarks/README.md, "A collective from its spec alone", and "A
+    nonblocking call in one frame")."""
     params = list(inspect.signature(spec.prepare).parameters.values())[1:]   # (but the edge)
     send, recv = spec.send_arg, spec.recv_arg
     others = [p.name for p in params if p.name not in (send, recv)]
@@ -181,71 +185,66 @@ def _blocking(spec: specs.Collective) -> Callable:
         spelled.append("*")
     recv_same = (f"({recv} is None if m.recv is None else {recv} is {send} if m.recv is True else "
                  f"m.recv() is {recv} and {recv}.dtype is m.recv_dtype)") if recv else "True"
-    source = _CALL.format(name=spec.name, params=", ".join(spelled), send=send, recv=recv or "None",
+    nonblocking = kind == "nonblocking"
+    name = {"blocking": spec.name, "nonblocking": f"i{spec.name}", "persistent": f"{spec.name}_init"}[kind]
+    source = (_INIT if kind == "persistent" else _CALL).format(name=name, params=", ".join(spelled), send=send, recv=recv or "None",
                           recv_same=recv_same, same=" and ".join(f"m.extra[{i}] is {n}" for i, n in
                                                                 enumerate(others)) or "True",
                           extra=f"({', '.join(others)},)" if others else "()",
-                          given=", ".join(f"{p.name}={p.name}" for p in params))
-    scope = {"memo": CACHE.memo(spec.name), "spec": spec, "planned": _planned, "defaults": defaults}
-    call = written(source, f"<ringmpi.{spec.name}>", scope, spec.name)
+                          given=", ".join(f"{p.name}={p.name}" for p in params),
+                          served=_SERVED[nonblocking].format(send=send, recv=recv or "None"))
+    scope = {"memo": CACHE.memo(name), "spec": spec, "planned": _started if nonblocking else _planned,
+             "defaults": defaults, "request": request}
+    call = written(source, f"<ringmpi.{name}>", scope, name)
     call.__module__, call.__doc__ = __name__, type(spec).__doc__
+    call.__qualname__ = f"ringmpi.{name}"   # (Python's own argument errors name the call so: "ringmpi.iallreduce()")
+    if kind != "blocking":
+        call.__doc__ = _request_doc(spec, kind == "persistent")
+        call.__signature__ = inspect.signature(call).replace(
+            return_annotation="ringmpi.Persistent" if kind == "persistent" else "ringmpi.Request")
     return call
 
 
 # -- requests: the same calls nonblocking (i...) and persistent (..._init) ------------------
 
-class Parameters:
-    """A public function's parameters, to bind a call's arguments by name as Python would
-    (`inspect.Signature.bind` costs ten times `bind`, for the shapes a call can take)."""
-    __slots__ = ("signature", "positional", "defaults")
-
-    def __init__(self, fn: Callable) -> None:
-        self.signature = sig = inspect.signature(fn)
-        self.defaults = {k: v.default for k, v in sig.parameters.items() if v.default is not inspect.Parameter.empty}
-        self.positional = [k for k, v in sig.parameters.items() if v.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
-
-    def bind(self, name: str, args: tuple, kwargs: dict) -> dict:
-        """Every argument by name, defaults filled in; TypeError naming call `name` otherwise."""
-        known, positional = self.signature.parameters, self.positional
-        if len(args) > len(positional) or not kwargs.keys() <= known.keys() or \
-                not kwargs.keys().isdisjoint(positional[:len(args)]):
-            try:
-                self.signature.bind(*args, **kwargs)
-            except TypeError as err:
-                raise TypeError(f"{name}: {err}") from None
-        given = {**self.defaults, **dict(zip(positional, args)), **kwargs}
-        if len(given) < len(known):
-            missing = [k for k in known if k not in given]
-            raise TypeError(f"{name}: missing argument {missing[0]!r}")
-        return given
+#: a collective's persistent call (`_written`): bound at once, each problem raised here
+_INIT = """def {name}({params}, comm=None, algorithm="auto"):
+    return request(spec, comm, algorithm, dict({given}), True)
+"""
 
 
-def _as_request(blocking: Any, spec: specs.Collective, persistent: bool) -> Any:
-    """The nonblocking or persistent form of public function `blocking`: its arguments
-    (the same names and defaults), a `ringmpi.requests.Request` or `Persistent` back."""
-    sig = inspect.signature(blocking)
-    name = f"{spec.name}_init" if persistent else f"i{spec.name}"
-    parameters = Parameters(blocking)
-    memo = RequestMemo(spec)
-    named = functools.partial(parameters.bind, f"ringmpi.{name}")
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        if not persistent:
-            return memo.start(args, kwargs, named)
-        given = named(args, kwargs)
-        return request(spec, given.pop("comm"), given.pop("algorithm"), given, True)
-    call.__name__ = call.__qualname__ = name
-    call.__signature__ = sig.replace(return_annotation="ringmpi.Persistent" if persistent else "ringmpi.Request")
+def _request_doc(spec: specs.Collective, persistent: bool) -> str:
     what = ("Bind the buffers and arguments of `ringmpi.{0}` once, as a persistent request (MPI-4's "
             "MPI_{1}_init): `start()` begins a call, `wait()` returns its result, as often as wanted; `free()`."
             if persistent else
             "Begin `ringmpi.{0}` as a request (MPI-3's MPI_I{1}): `wait()` returns what `{0}` returns, "
             "`test()` says whether it is complete; computation may run meanwhile.")
-    call.__doc__ = what.format(spec.name, spec.name.capitalize()) + (
+    return what.format(spec.name, spec.name.capitalize()) + (
         "\n\nArguments, algorithms and errors as in `ringmpi.{0}`; requests on one communicator begin in the "
         "same order on every rank and complete in any order. The hierarchical algorithms run blocking calls "
         "only.").format(spec.name)
-    return call
+
+
+def _started(spec: specs.Collective, m: Memo, extra: tuple, comm: Any, algorithm: Any, args: dict) -> Request:
+    """A nonblocking call its memo `m` missed: begun by the spec's `RequestMemo` (the kept
+    call on these very arrays started again, else a new one, kept), and, where the call is
+    kept, remembered in `m` with what starts it again (`api._Bound.again_plan`), which the
+    next call on these arrays runs at once."""
+    args["comm"], args["algorithm"] = comm, algorithm
+    memo = _KEPT_REQUESTS.get(spec.name)
+    if memo is None:
+        memo = _KEPT_REQUESTS[spec.name] = RequestMemo(spec)
+    req = memo.start(args)
+    kept = memo.kept(args)
+    if kept is not None and kept is req.source:
+        sendbuf = args[spec.send_arg]
+        recvbuf = args[spec.recv_arg] if spec.recv_arg else None
+        _remember(m, kept.bound.again_plan(kept, sendbuf, recvbuf), sendbuf, recvbuf, extra, comm, algorithm)
+    return req
+
+
+#: each collective's `RequestMemo` (its nonblocking calls kept, `_started`)
+_KEPT_REQUESTS: dict[str, "RequestMemo"] = {}
 
 
 @dataclass(eq=False, slots=True)
@@ -268,26 +267,28 @@ class RequestMemo:
     """A nonblocking function's recent calls, for the next ones on the very same arrays (a
     training loop's buckets, every step): the persistent request that began each, started
     again (its checks, algorithm, tunables, scratch and transport kept) once its last call
-    was waited for. Found by the identity of the call's arguments as passed (ids, and the
-    keywords' names), before any binding: an array still alive is the object with its id,
-    and the other arguments are held. Only where the call has a result buffer of its own (in
-    place, or one given: a new result array each call cannot be kept) on host arrays, and
-    the other arguments cannot change in place (strings, numbers, None, the communicator);
-    the 32 made last. `margins`: `api.request`'s, for the calls it begins (the drop-in's)."""
+    was waited for. Found by the identity of the call's arguments (their ids, in the order
+    of the function's parameters), before any checking: an array still alive is the object
+    with its id, and the other arguments are held. Only where the call has a result buffer
+    of its own (in place, or one given: a new result array each call cannot be kept) on host
+    arrays, and the other arguments cannot change in place (strings, numbers, None, the
+    communicator); the 32 made last; never under RINGMPI_CHECK, which agrees every call
+    afresh. `margins`: `api.request`'s, for the calls it begins (the drop-in's)."""
     __slots__ = ("spec", "calls", "margins")
 
     def __init__(self, spec: specs.Collective, margins: Any = None) -> None:
         self.spec, self.margins = spec, margins
         self.calls: LRU = LRU(32, refresh=False)   # (a loop over more buckets misses either way)
 
-    @staticmethod
-    def _key(args: tuple, kwargs: dict) -> tuple:
-        return (*map(id, args), *kwargs, *map(id, kwargs.values())) if kwargs else tuple(map(id, args))
+    def kept(self, given: dict) -> Persistent | None:
+        """The persistent request of the call kept for these very arguments (None: none is)."""
+        kept = _PEEK(self.calls, tuple(map(id, given.values())))   # (no refresh: the C lookup, not `LRU.get`)
+        return None if kept is None or kept.generation != CACHE.generation else kept.bound
 
-    def find(self, args: tuple, kwargs: dict) -> tuple | None:
-        """The persistent request of the call kept for these very arguments, ready to start
+    def find(self, key: tuple) -> tuple | None:
+        """The persistent request of the call kept for arguments of ids `key`, ready to start
         again, and the call's arrays (send, recv); or None."""
-        kept = _PEEK(self.calls, self._key(args, kwargs))   # (no refresh: the C lookup, not `LRU.get`)
+        kept = _PEEK(self.calls, key)
         if kept is None or kept.generation != CACHE.generation:
             return None
         last = kept.bound.request
@@ -297,38 +298,41 @@ class RequestMemo:
             return None
         return kept.bound, send, recv
 
-    def start(self, args: tuple, kwargs: dict, named: Callable[[tuple, dict], dict],
-              on_done: Callable | None = None) -> Request:
-        """Begin the call with these arguments as passed (`named(args, kwargs)`: every one by
-        name, `comm` and `algorithm` included): the kept call's request started again where
-        there is one, else a new one, kept. `on_done` as `api.request`'s (the drop-in's
-        generalized requests: a kept call made with one is started with one)."""
-        kept = self.find(args, kwargs)
+    def start(self, given: dict, on_done: Callable | None = None) -> Request:
+        """Begin the call of arguments `given` (every one by name, `comm` and `algorithm`
+        included): the kept call's request started again where there is one, else a new
+        one, kept. `on_done` as `api.request`'s (the drop-in's generalized requests: a kept
+        call made with one is started with one)."""
+        key = tuple(map(id, given.values()))
+        kept = self.find(key)
         if kept is not None:
             out = restart_same(self.spec, *kept, on_done)
             if out is not None:
                 return out
-        given = named(args, kwargs)
-        comm, algorithm = given.pop("comm"), given.pop("algorithm")
-        out = restart(self.spec, kept[0], given, on_done) if kept is not None else None
+        args = dict(given)
+        comm, algorithm = args.pop("comm"), args.pop("algorithm")
+        out = restart(self.spec, kept[0], args, on_done) if kept is not None else None
         if out is None:
-            out = request(self.spec, comm, algorithm, given, on_done=on_done, margins=self.margins)
-            self.keep(args, kwargs, given, comm, out.source)
+            out = request(self.spec, comm, algorithm, args, on_done=on_done, margins=self.margins)
+            self.keep(key, given, out.source)
         return out
 
-    def keep(self, args: tuple, kwargs: dict, given: dict, comm: Any, bound: Any) -> None:
+    def keep(self, key: tuple, given: dict, bound: Any) -> None:
         spec = self.spec
         send = given[spec.send_arg]
         recv = given.get(spec.recv_arg) if spec.recv_arg else send     # (broadcast: in place)
-        held = tuple(v for v in (*args, *kwargs.values()) if v is not send and v is not recv)
-        if bound is None or not isinstance(send, np.ndarray) or not isinstance(recv, np.ndarray) or \
+        held = tuple(v for v in given.values() if v is not send and v is not recv)
+        comm = given["comm"]
+        st = settings()
+        if bound is None or st.check or st.debug == "TRACE" or not isinstance(send, np.ndarray) or \
+                not isinstance(recv, np.ndarray) or \
                 not all(type(v) in (str, int, bool, type(None)) for v in held if v is not comm):
             return
         try:
             refs = weakref.ref(send), weakref.ref(recv)
         except TypeError:
             return
-        self.calls.put(self._key(args, kwargs), _KeptCall(*refs, held, (send.dtype, recv.dtype), CACHE.generation, bound))
+        self.calls.put(key, _KeptCall(*refs, held, (send.dtype, recv.dtype), CACHE.generation, bound))
 
 
 def shift(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, offset: int = 1,
@@ -353,10 +357,9 @@ def shift(sendbuf: np.ndarray, recvbuf: np.ndarray | None = None, *, offset: int
 def _serve(spec: specs.Collective) -> None:
     """Make the public, nonblocking and persistent calls of `spec` (those not written out
     here) and list them in `__all__`."""
-    blocking = globals().get(spec.name) or _blocking(spec)
-    for name, call in ((spec.name, blocking), (f"i{spec.name}", _as_request(blocking, spec, False)),
-                       (f"{spec.name}_init", _as_request(blocking, spec, True))):
-        globals().setdefault(name, call)
+    for name, kind in ((spec.name, "blocking"), (f"i{spec.name}", "nonblocking"), (f"{spec.name}_init", "persistent")):
+        if name not in globals():
+            globals()[name] = _written(spec, kind)
         if name not in __all__:
             __all__.append(name)
 

@@ -1129,8 +1129,7 @@ class _Request(_CallWaits, MPI.Grequest):
         if memo is None:
             memo = memos[served.collective] = _c.RequestMemo(_c.SPECS[served.collective], AS_ASKED)
         try:
-            req._ring = memo.start((), served.args, lambda _, named: {**named, "comm": comm, "algorithm": algorithm},
-                                   on_done=done)
+            req._ring = memo.start({**served.args, "comm": comm, "algorithm": algorithm}, on_done=done)
         except BaseException:
             req.Complete()
             MPI.Grequest.Wait(req)

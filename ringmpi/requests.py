@@ -245,10 +245,11 @@ class MPIRequest(_Handed):
     call. `Request`'s interface; never waited for, it is named as theirs are."""
     __slots__ = ("label", "seq", "group", "inner", "finish", "done", "waited", "result", "error", "source")
 
-    def __init__(self, label: str, seq: int, group: Any, inner: Any, finish: Callable[[], Any]) -> None:
+    def __init__(self, label: str, seq: int, group: Any, inner: Any, finish: Callable[[], Any] | None,
+                 result: Any = None) -> None:
         self.label, self.seq, self.group, self.inner, self.finish = label, seq, group, inner, finish
         self.done = self.waited = False
-        self.result = self.error = self.source = None
+        self.result, self.error, self.source = result, None, None
         engine().unwaited[self] = None   # (one dict store, atomic: `Engine.forgotten` copies it under the lock)
 
     def test(self) -> bool:
@@ -278,12 +279,14 @@ class MPIRequest(_Handed):
         return self._collect()
 
     def _finish(self) -> None:
+        """Complete: `finish()` gives the result, where there is one (else it is `result`)."""
         self.done = True
-        try:
-            self.result = self.finish()
-        except Exception as err:   # noqa: BLE001
-            self.error = err
-        self.finish = None
+        finish, self.finish = self.finish, None
+        if finish is not None:
+            try:
+                self.result = finish()
+            except Exception as err:   # noqa: BLE001
+                self.error = err
 
     def _failed(self, err: BaseException) -> None:
         self.done, self.finish = True, None

@@ -285,7 +285,7 @@ def test_errors_are_raised_at_the_start_and_never_disturb_the_next_call(rng):
         ringmpi.iallreduce(x.astype(np.longdouble))
     with pytest.raises(RingmpiUsageError, match=r"ringmpi\.allreduce_init .*unknown algorithm"):
         ringmpi.allreduce_init(x, algorithm="nope")
-    with pytest.raises(TypeError, match=r"ringmpi\.ibroadcast: .*unexpected keyword"):
+    with pytest.raises(TypeError, match=r"ringmpi\.ibroadcast\(\) got an unexpected keyword"):
         ringmpi.ibroadcast(x, bogus=1)
     if P > 1:
         with pytest.raises(RingmpiUsageError, match="blocking calls only"):
