@@ -381,7 +381,7 @@ def request(spec: Any, comm: Any, algorithm: Any, args: dict, persistent: bool =
     _auto.profile_of(t)   # (collective at its first use: read now, while every rank is here)
     hides = _hides(t)
     if margins is None:
-        margins = _auto.Margins() if hides else _auto.Margins(measured=1.0)
+        margins = _auto.Margins() if hides else _auto.Margins(measured=_auto.LEAN_MARGIN)
     bound = _bind(e, spec, algorithm, call, result, on_done, st, margins, hides)
     if persistent:
         return bound.persistent(bound.mpi and bare)
@@ -450,7 +450,11 @@ class _Bound:
         # request of ringmpi's own API costs with nothing to overlap")
         self.lean = self.mpi and on_done is None and not hides
         self.arena = alg.scratch(t.size, call) if dev is None else 0   # (shared memory: `RequestView.take_shared`)
-        self.large = call.count * call.itemsize >= requests.WAKE_BYTES
+        # worth waking the progress thread for at its start (`requests.Request.wakes`): large,
+        # where something can run beside it (where nothing can, each wake only took the GIL and
+        # a core from the call: about 2 us a call of 256 KiB on 2 ranks; the thread still
+        # finds it at its nap's end, and at once where a caller blocks elsewhere)
+        self.large = hides and call.count * call.itemsize >= requests.WAKE_BYTES
         self.launched = False      # (a start after the first takes the next sequence number and tag)
         self.recipe: tuple | None = None   # (lean) how the last call was posted: `relaunch`
 
@@ -524,7 +528,22 @@ class _Bound:
         if self.recipe is not None and self.stripped.op != "AVG" and _flat(send, self.canonical) and \
                 _flat(recv, self.canonical):
             return functools.partial(self.lean_again, p)
-        return functools.partial(_restart_kept, self.stripped.collective, p)
+        return functools.partial(self.again_same, p)
+
+    def again_same(self, p: Any, send: Any, recv: Any) -> Any:
+        """`restart_same` (its checks inline: this is the start of every call of a loop on the
+        same arrays) where the call's last one on them is no longer in flight."""
+        last = p.request
+        if last is not None and not last.waited:
+            return None
+        recv = send if recv is None else recv
+        call = self.stripped.collective.again(self.stripped, send.dtype, self.canonical, send, recv)
+        if call is None:
+            return None
+        self.call, self.result, self.on_done = call, recv, None
+        req = p.request = self.launch(p)
+        req.source = p
+        return req
 
     def lean_again(self, p: Any, send: Any, recv: Any) -> Any:
         """`relaunch` on the arrays as the caller passed them (`again_plan`: no `Call` made,
@@ -562,15 +581,6 @@ _SEND, _RECV = object(), object()
 def _flat(a: Any, canonical: Any) -> bool:
     """Array `a` is what ringmpi sends of it (`specs.flat_view(a, canonical) is a`)."""
     return type(a) is np.ndarray and a.ndim == 1 and a.dtype.char == canonical.char
-
-
-def _restart_kept(spec: Any, p: Any, send: Any, recv: Any) -> Any:
-    """`restart_same` for the public call's memo (`_Bound.again_plan`): None while the
-    last call on these arrays is in flight (a new request then takes the full path)."""
-    last = p.request
-    if last is not None and not last.waited:
-        return None
-    return restart_same(spec, p, send, send if recv is None else recv)
 
 
 def _recipe(posted: tuple, call: Call) -> tuple | None:

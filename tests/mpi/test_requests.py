@@ -310,6 +310,27 @@ def test_a_rank_with_a_bad_buffer_stands_in_and_the_others_get_the_result(rng):
     assert np.array_equal(ringmpi.allreduce(x, algorithm="ring"), np.full(64, P * (P + 1) / 2))
 
 
+def test_a_test_never_blocks_after_a_start_that_ran_on_its_waiters_stack(monkeypatch):
+    """A persistent request whose last call ran on its waiter's stack (a wait at once:
+    blocking messages) starts again as any request: its next call's messages are posted, so
+    a `test()` before the peers have started returns at once (it once waited in a blocking
+    MPI_Sendrecv for the last rank, which starts a second later)."""
+    monkeypatch.setattr(requests, "GRACE", 30.0)   # (the caller's test, not the progress thread, runs it)
+    x, y = np.full(4096, float(R + 1)), np.empty(4096)
+    bound = ringmpi.allreduce_init(x, y, algorithm="ring")
+    bound.start().wait()
+    COMM.Barrier()
+    if R == P - 1:
+        time.sleep(1.0)
+    bound.start()
+    t0 = time.monotonic()
+    bound.test()
+    took = time.monotonic() - t0
+    assert np.array_equal(bound.wait(), np.full(4096, P * (P + 1) / 2))
+    bound.free()
+    assert R == P - 1 or P == 1 or took < 0.5, f"test() took {took:.2f} s"
+
+
 def test_persistent_rules():
     x = np.ones(8)
     bound = ringmpi.allreduce_init(x, np.empty(8))
