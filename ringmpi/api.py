@@ -381,7 +381,7 @@ def request(spec: Any, comm: Any, algorithm: Any, args: dict, persistent: bool =
     _auto.profile_of(t)   # (collective at its first use: read now, while every rank is here)
     hides = _hides(t)
     if margins is None:
-        margins = _auto.Margins() if hides else _auto.Margins(measured=_auto.LEAN_MARGIN)
+        margins = _auto.Margins() if hides else _auto.Margins(measured=1.0)
     bound = _bind(e, spec, algorithm, call, result, on_done, st, margins, hides)
     if persistent:
         return bound.persistent(bound.mpi and bare)

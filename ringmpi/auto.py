@@ -210,23 +210,19 @@ def choose(t: Any, call: Call) -> dict:
 #: while the caller computes (Open MPI's libnbc hid none of a 16 MiB all-reduce over
 #: TCP, the ring four fifths: benchmarks/README.md); where latency rules, MPI's own wins
 REQUEST_MARGIN = 2.0
-#: where nothing runs beside a request (one host whose cores all compute: `api.overlaps`),
-#: it runs MPI's own nonblocking collective where MPI's blocking one measured this much
-#: faster than ringmpi's best: the nonblocking one costs more than the blocking one it was
-#: measured as (Open MPI's MPI_Iallreduce 1.04-1.2x its MPI_Allreduce on 2 ranks from 64 KiB;
-#: benchmarks/README.md, "A nonblocking call in one frame, and MPI's on two ranks")
-LEAN_MARGIN = 1.2
 
 
 class Margins(NamedTuple):
     """How much faster than ringmpi's best MPI's own nonblocking collective must be for a
     request to run it, as the model predicts it (`predicted`) and as blocking calls measured
     it (`measured`, online tuning). `api.request` passes REQUEST_MARGIN for both where a
-    request can hide anything (`api.overlaps`), and measured LEAN_MARGIN where nothing runs
-    beside it (the fastest measured, but for what MPI's nonblocking collective costs over
-    its blocking one; the model's MPI's own is no measurement, and on one host it predicts
-    MPI's own where a shared-memory algorithm is faster); the drop-in 1 for both
-    (`comm.AS_ASKED`: its caller asked for MPI's own)."""
+    request can hide anything (`api.overlaps`), and measured 1 where nothing runs beside it
+    (the fastest measured: what MPI's nonblocking collective costs over its blocking one
+    is about what ringmpi's request costs over its blocking call, 1.1-1.2x from 64 KiB on
+    2 ranks; benchmarks/README.md, "A nonblocking call in one frame, and MPI's on two
+    ranks". The model's MPI's own is no measurement, and on one host it predicts MPI's own
+    where a shared-memory algorithm is faster); the drop-in 1 for both (`comm.AS_ASKED`:
+    its caller asked for MPI's own)."""
     predicted: float = REQUEST_MARGIN
     measured: float = REQUEST_MARGIN
 
