@@ -60,7 +60,7 @@ __all__ = ["Request", "MPIRequest", "Persistent", "waitall", "testall", "progres
 class _Handed:
     """What a request's caller gets at its completion (`Request`, `MPIRequest`): the call's
     result, or its error raised; and a nonblocking call's kept persistent request
-    (`collectives._as_request`) lets go of it."""
+    (`collectives.RequestMemo`) lets go of it."""
     __slots__ = ()
 
     def _hand_over(self) -> Any:
@@ -103,7 +103,7 @@ class Request(_Handed):
     finished: threading.Event | None = None   # made for a waiter on another thread, set when done
     started: float = 0.0           # when it began (perf_counter)
     source: Any = None             # the `Persistent` that began it (a nonblocking call's: kept for the next
-                                   # call on the very same arrays, `collectives._as_request`)
+                                   # call on the very same arrays, `collectives.RequestMemo`)
 
     def test(self) -> bool:
         """Advance this request (and the others this thread owns); True once complete, which
