@@ -187,12 +187,13 @@ def _written(spec: specs.Collective, kind: str = "blocking") -> Callable:
                  f"m.recv() is {recv} and {recv}.dtype is m.recv_dtype)") if recv else "True"
     nonblocking = kind == "nonblocking"
     name = {"blocking": spec.name, "nonblocking": f"i{spec.name}", "persistent": f"{spec.name}_init"}[kind]
-    source = (_INIT if kind == "persistent" else _CALL).format(name=name, params=", ".join(spelled), send=send, recv=recv or "None",
-                          recv_same=recv_same, same=" and ".join(f"m.extra[{i}] is {n}" for i, n in
-                                                                enumerate(others)) or "True",
-                          extra=f"({', '.join(others)},)" if others else "()",
-                          given=", ".join(f"{p.name}={p.name}" for p in params),
-                          served=_SERVED[nonblocking].format(send=send, recv=recv or "None"))
+    template = _INIT if kind == "persistent" else _CALL
+    source = template.format(name=name, params=", ".join(spelled), send=send, recv=recv or "None",
+                             recv_same=recv_same, same=" and ".join(f"m.extra[{i}] is {n}" for i, n in
+                                                                   enumerate(others)) or "True",
+                             extra=f"({', '.join(others)},)" if others else "()",
+                             given=", ".join(f"{p.name}={p.name}" for p in params),
+                             served=_SERVED[nonblocking].format(send=send, recv=recv or "None"))
     scope = {"memo": CACHE.memo(name), "spec": spec, "planned": _started if nonblocking else _planned,
              "defaults": defaults, "request": request}
     call = written(source, f"<ringmpi.{name}>", scope, name)
