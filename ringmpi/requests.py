@@ -148,6 +148,7 @@ class Persistent:
     finish: Callable[[], Any] | None = None              # (mpi) after each completion: the result
     active: bool = False                                 # (mpi) started, not yet waited for
     seq: int = 0                                         # (mpi) the last start's call number
+    result: Any = None                                   # (mpi) the last call's result, once complete
     bound: Any = None                                    # what its starts run (`api._Bound`)
     #: a nonblocking call's, kept for the next call on the same arrays: it forgets its call
     #: once waited for (the call's result is the caller's buffer: nothing kept holds it)
@@ -177,10 +178,13 @@ class Persistent:
             if not self.active:
                 return True
             try:
-                return self.mpi.Test() and self._done()
+                if not self.mpi.Test():
+                    return False
             except Exception as err:   # noqa: BLE001
                 self.active = False
                 _raise_failed(self.group, err, self.label, self.seq)
+            self._done()
+            return True
         return self.request is None or self.request.test()
 
     def wait(self) -> Any:
@@ -196,12 +200,15 @@ class Persistent:
                 finally:
                     self.group.waited(before)
                 return self._done()
-            return self.finish() if self.seq else None
+            return self.result
         return None if self.request is None else self.request.wait()
 
     def _done(self) -> Any:
+        """MPI's call is complete: its result, finished once (AVG's division), kept for a
+        wait after a test that found it complete."""
         self.active = False
-        return self.finish()
+        self.result = self.finish()
+        return self.result
 
     def free(self) -> None:
         if self.active or self.request is not None and not self.request.done:

@@ -331,6 +331,24 @@ def test_a_test_never_blocks_after_a_start_that_ran_on_its_waiters_stack(monkeyp
     assert R == P - 1 or P == 1 or took < 0.5, f"test() took {took:.2f} s"
 
 
+@pytest.mark.parametrize("algorithm", ["mpi", "ring"])
+def test_a_persistent_request_polled_by_test_then_waited(algorithm):
+    """`test()` says True or False (never the result, whose truth an array refuses), and a
+    wait after a test that found the call complete returns its result, AVG's division done
+    once; MPI's own persistent call (where it serves) and ringmpi's."""
+    x, y = np.full(4, float(R + 1)), np.empty(4)
+    with ringmpi.allreduce_init(x, y, op="avg", algorithm=algorithm) as bound:
+        for _ in range(3):
+            bound.start()
+            while True:
+                done = bound.test()
+                assert done is True or done is False
+                if done:
+                    break
+            assert np.array_equal(bound.wait(), np.full(4, (P + 1) / 2))
+            assert np.array_equal(bound.wait(), np.full(4, (P + 1) / 2))   # (a second wait: the same)
+
+
 def test_persistent_rules():
     x = np.ones(8)
     bound = ringmpi.allreduce_init(x, np.empty(8))
