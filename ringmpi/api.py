@@ -452,8 +452,8 @@ class _Bound:
         self.arena = alg.scratch(t.size, call) if dev is None else 0   # (shared memory: `RequestView.take_shared`)
         # worth waking the progress thread for at its start (`requests.Request.wakes`): large,
         # where something can run beside it (where nothing can, each wake only took the GIL and
-        # a core from the call: about 2 us a call of 256 KiB on 2 ranks; the thread still
-        # finds it at its nap's end, and at once where a caller blocks elsewhere)
+        # a core from the call: benchmarks/README.md, "A nonblocking call in one frame"; the
+        # thread still finds it at its nap's end, and at once where a caller blocks elsewhere)
         self.large = hides and call.count * call.itemsize >= requests.WAKE_BYTES
         self.launched = False      # (a start after the first takes the next sequence number and tag)
         self.recipe: tuple | None = None   # (lean) how the last call was posted: `relaunch`

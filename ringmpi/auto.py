@@ -218,9 +218,9 @@ class Margins(NamedTuple):
     it (`measured`, online tuning). `api.request` passes REQUEST_MARGIN for both where a
     request can hide anything (`api.overlaps`), and measured 1 where nothing runs beside it
     (the fastest measured: what MPI's nonblocking collective costs over its blocking one
-    is about what ringmpi's request costs over its blocking call, 1.1-1.2x from 64 KiB on
-    2 ranks; benchmarks/README.md, "A nonblocking call in one frame, and MPI's on two
-    ranks". The model's MPI's own is no measurement, and on one host it predicts MPI's own
+    is about what ringmpi's request costs over its blocking call; benchmarks/README.md, "A
+    nonblocking call in one frame, and MPI's on two ranks". The model's MPI's own is no
+    measurement, and on one host it predicts MPI's own
     where a shared-memory algorithm is faster); the drop-in 1 for both (`comm.AS_ASKED`:
     its caller asked for MPI's own)."""
     predicted: float = REQUEST_MARGIN

@@ -121,13 +121,13 @@ def open_mpi_version(cmd: list[str]) -> tuple[int, ...] | None:
 TCP_EAGER_LIMIT = 16 << 20
 #: Open MPI's nonblocking and persistent all-reduce (libnbc) on two ranks: recursive doubling
 #: (its algorithm 4), one exchange, as its blocking all-reduce does there. Its own choice
-#: below 4 ranks is a binomial reduce then a broadcast, two messages in turn: MPI_Iallreduce
-#: then cost 1.3x MPI_Allreduce at 64 KiB on two ranks, recursive doubling what the
-#: blocking call costs (benchmarks/README.md, "A nonblocking call in one frame, and MPI's
-#: on two ranks"). A call whose count differs between the two ranks then fails on one and
-#: completes on the other, as the blocking one does (the failing rank's warning says the
-#: other's result is wrong; RINGMPI_CHECK=1 stops it before any message). Three ranks and
-#: more keep its choice. Set where the user has not set it.
+#: below 4 ranks is a binomial reduce then a broadcast, two messages in turn, which made
+#: MPI_Iallreduce cost much more than MPI_Allreduce from 64 KiB, where recursive doubling
+#: costs what the blocking call does (benchmarks/README.md, "A nonblocking call in one
+#: frame, and MPI's on two ranks"). A call whose count differs between the two ranks then
+#: fails on one and completes on the other, as the blocking one does (the failing rank's
+#: warning says the other's result is wrong; RINGMPI_CHECK=1 stops it before any message).
+#: Three ranks and more keep its choice. Set where the user has not set it.
 LIBNBC_ALLREDUCE = "coll_libnbc_iallreduce_algorithm"
 #: Open MPI 5's ULFM, as it works on one host and over TCP: `--with-ft ulfm` alone leaves the
 #: survivors of a killed rank waiting forever in their collective (over shared memory) or the
