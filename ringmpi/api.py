@@ -506,12 +506,16 @@ class _Bound:
         this call's (`recipe`: a request of ringmpi's API waited for at once costs about what
         the drop-in's does; benchmarks/README.md, "A nonblocking call on the same arrays,
         straight to MPI")."""
+        return self._repost(p, call.send, call.recv, functools.partial(self.finish, self.view, call, result))
+
+    def _repost(self, p: Any, send: Any, recv: Any, finish: Callable | None, result: Any = None) -> Any:
+        """MPI's nonblocking method posted again as `recipe` says, on `send` and `recv`: `p`'s
+        next call, as MPI's own request (`finish`: what completes its result, else `result`)."""
         view = self.view
         view.again(self.name, True)
         method, recipe = self.recipe   # type: ignore[misc]
-        inner = method(view.comm, *[call.send if a is _SEND else call.recv if a is _RECV else a for a in recipe])
-        req = p.request = requests.MPIRequest(self.name, view.seq, self.t, inner,
-                                              functools.partial(self.finish, view, call, result))
+        inner = method(view.comm, *[send if a is _SEND else recv if a is _RECV else a for a in recipe])
+        req = p.request = requests.MPIRequest(self.name, view.seq, self.t, inner, finish, result)
         req.source = p
         return req
 
@@ -531,19 +535,11 @@ class _Bound:
         return functools.partial(self.again_same, p)
 
     def again_same(self, p: Any, send: Any, recv: Any) -> Any:
-        """`restart_same` (its checks inline: this is the start of every call of a loop on the
-        same arrays) where the call's last one on them is no longer in flight."""
+        """`restart_same` where the call's last one on these arrays is no longer in flight."""
         last = p.request
         if last is not None and not last.waited:
             return None
-        recv = send if recv is None else recv
-        call = self.stripped.collective.again(self.stripped, send.dtype, self.canonical, send, recv)
-        if call is None:
-            return None
-        self.call, self.result, self.on_done = call, recv, None
-        req = p.request = self.launch(p)
-        req.source = p
-        return req
+        return restart_same(self.stripped.collective, p, send, send if recv is None else recv)
 
     def lean_again(self, p: Any, send: Any, recv: Any) -> Any:
         """`relaunch` on the arrays as the caller passed them (`again_plan`: no `Call` made,
@@ -552,13 +548,7 @@ class _Bound:
         recv = send if recv is None else recv
         if last is not None and not last.waited or not recv.flags.writeable:
             return None
-        t = self.t
-        t.seq += 1
-        method, recipe = self.recipe   # type: ignore[misc]
-        inner = method(self.view.comm, *[send if a is _SEND else recv if a is _RECV else a for a in recipe])
-        req = p.request = requests.MPIRequest(self.name, t.seq, t, inner, None, recv)
-        req.source = p
-        return req
+        return self._repost(p, send, recv, None, recv)
 
     def body(self, view: Any, call: Call, result: Any) -> Any:
         dev = self.dev

@@ -741,7 +741,6 @@ class RequestView(_Wire):
         self.devices: dict = {}
         self.queued: Any = None              # the shared-memory transport whose queue holds this call
         self.inline = False                  # the body runs on its waiter's stack (`requests.Engine._inline`)
-        self.hold: Any = None                # what an inline body's waits call (`requests.Engine._inline`)
 
     def relabel(self, label: str) -> None:
         """What the request runs, resolved (auto's choice): its tag salted with it, as a

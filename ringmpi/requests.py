@@ -521,17 +521,6 @@ class Engine:
         g, me = req.group, threading.get_ident()
         before = g.waiting(req.label, req.seq)
         req.waiter = True
-        if req.owner is None and req.let is None and not req.posted and len(self.active) == 1:
-            with self.lock:   # (the one request in flight, not begun: run here, as `_wait_here` would)
-                mine = req.owner is None and not req.done
-                if mine:
-                    req.owner = me
-            if mine:
-                try:
-                    self._inline(req)
-                finally:
-                    g.waited(before)
-                return
         others = self._urge(req)
         try:
             self._wait_here(req, me, others)
@@ -582,11 +571,8 @@ class Engine:
         """A request waited for before its body began (a start then a wait, nothing to
         overlap) runs here, on the waiter's stack, as a blocking call does: no greenlet, no
         switches, its waits held in place (`_hold`)."""
-        view = req.view
-        req.inline = view.inline = True
-        if view.hold is None:
-            view.hold = functools.partial(self._hold, view)
-        view.suspend = view.hold
+        req.inline = req.view.inline = True
+        req.view.suspend = functools.partial(self._hold, req.view)
         self._run(req)
 
     def _hold(self, view: Any) -> None:
