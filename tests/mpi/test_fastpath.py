@@ -146,9 +146,19 @@ def test_online_tuning_agrees_on_every_rank(rng):
         assert COMM.allgather(picks) == [picks] * P
         tuners = [tu for k, tu in t.tuners.items()
                   if k[:3] == ("allreduce", "float32", "SUM") and k[3] == (n * 4).bit_length()]
-        assert len(tuners) == 1 and tuners[0].winner in ringmpi.algorithms("allreduce")
-        assert picks[-1] == tuners[0].winner
-        assert COMM.allgather(tuners[0].winner) == [tuners[0].winner] * P
+        assert len(tuners) == 1
+        tuner = tuners[0]
+        for _ in range(200):   # a slow spell can send the bucket back to exploring: it settles again
+            if tuner.winner is not None:
+                break
+            assert np.array_equal(ringmpi.allreduce(x), want)
+        assert tuner.winner in ringmpi.algorithms("allreduce")
+        # (the pick of a call is the winner when it starts: the monitored call that ends the
+        # loop above may switch the winner after it ran, so the next call is the one to check)
+        winner = tuner.winner
+        assert np.array_equal(ringmpi.allreduce(x), want)
+        assert ringmpi.last_choice()["algorithm"] == winner
+        assert COMM.allgather(winner) == [winner] * P
 
 
 @pytest.mark.parametrize("alg", ["mpi", "ring", "auto"])
