@@ -462,9 +462,9 @@ class _Bound:
         """The `requests.Persistent` of this call: MPI-4's own persistent collective where
         `mpi` and the library has one, else one whose starts are `launch`."""
         bound = self.view.bind(self.call) if mpi else None
-        if bound is not None:
-            return requests.Persistent(self.name, self.t, self.launch, mpi=bound, bound=self,
-                                       finish=lambda: self.finish(self.view, self.call, self.result))
+        if bound is not None:   # (a wait finishes its call once: a wait after a test returns it as is)
+            finish = (lambda: self.finish(self.view, self.call, self.result)) if self.call.op == "AVG" else None
+            return requests.Persistent(self.name, self.t, self.launch, mpi=bound, bound=self, finish=finish)
         return requests.Persistent(self.name, self.t, self.launch, bound=self)
 
     def launch(self, p: Any) -> Any:

@@ -145,8 +145,8 @@ class Persistent:
     request: Request | None = None                       # the call of the last start
     freed: bool = False
     mpi: Any = None                                      # MPI's own persistent request, where it serves
-    finish: Callable[[], Any] | None = None              # (mpi) after each completion: the result
-    active: bool = False                                 # (mpi) started, not yet waited for
+    finish: Callable[[], Any] | None = None              # (mpi) after each completion: the result,
+    active: bool = False                                 # where something is left to do (AVG's division)
     seq: int = 0                                         # (mpi) the last start's call number
     result: Any = None                                   # (mpi) the last call's result, once complete
     bound: Any = None                                    # what its starts run (`api._Bound`)
@@ -183,7 +183,8 @@ class Persistent:
             except Exception as err:   # noqa: BLE001
                 self.active = False
                 _raise_failed(self.group, err, self.label, self.seq)
-            self._done()
+            self.active = False
+            self.result = self.bound.result if self.finish is None else self.finish()
             return True
         return self.request is None or self.request.test()
 
@@ -199,16 +200,10 @@ class Persistent:
                     _raise_failed(self.group, err, self.label, self.seq)
                 finally:
                     self.group.waited(before)
-                return self._done()
+                self.active = False
+                self.result = self.bound.result if self.finish is None else self.finish()
             return self.result
         return None if self.request is None else self.request.wait()
-
-    def _done(self) -> Any:
-        """MPI's call is complete: its result, finished once (AVG's division), kept for a
-        wait after a test that found it complete."""
-        self.active = False
-        self.result = self.finish()
-        return self.result
 
     def free(self) -> None:
         if self.active or self.request is not None and not self.request.done:
