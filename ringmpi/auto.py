@@ -363,11 +363,11 @@ class Tuner:
     # stays near SHARE of the bucket's time: every 50th of 1 us calls, every 4th of 1 ms ones
     SAMPLE_COST, SHARE, SAMPLE_MIN, SAMPLE_MAX = 5e-7, 0.01, 4, 256
     winner: str | None = None
+    stage: int = 0
     tuned: dict = field(default_factory=dict)
     times: dict = field(default_factory=dict)
     samples: list = field(default_factory=list)
     schedule: list = field(default_factory=list)
-    stage: int = 0
     sample: int = SAMPLE_MAX  # one call in `sample` is timed once settled (`_settled`)
     # the countdown to the next timed call, the only one (`pick` and every plan take
     # `next(due)`): True at every `sample`-th call; next() of a C iterator costs a plan's

@@ -34,12 +34,11 @@ from .cost import Profile
 __all__ = ["Sample", "nnls", "fit_profile", "fit_quality", "copy_runner", "measure_p2p", "measure_gamma",
            "fit_measured", "unphysical", "MAX_FIT_ERROR"]
 
-#: a fit whose formulas miss the measurements by more than this (median) is not saved
-MAX_FIT_ERROR = 0.5
-
-
 @dataclass(frozen=True)
 class Sample:
+    """One measurement the fit reads: a call of `collective` by `algorithm` (with its
+    tunables, `params`) on `count` items of `itemsize` bytes took `seconds`, the slowest
+    rank's median."""
     collective: str
     algorithm: str
     count: int
@@ -227,6 +226,10 @@ def measure_p2p(t: Any, sizes: list[int], iters: int = 20, rounds: int = 3) -> l
         worst = max(t.allgather_obj(statistics.median(per)))
         out.append(Sample("p2p", "sendrecv", n, 1, worst))
     return out
+
+
+#: a fit whose formulas miss the measurements by more than this (median) is not saved
+MAX_FIT_ERROR = 0.5
 
 
 def unphysical(prof: Profile) -> str | None:

@@ -102,6 +102,9 @@ class FakeDeviceArray:
     def __init__(self, a: np.ndarray) -> None:
         self._a = a
 
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._a!r})"
+
     @classmethod
     def from_host(cls, a: Any) -> "FakeDeviceArray":
         return cls(np.array(a, copy=True, order="C"))
@@ -139,9 +142,6 @@ class FakeDeviceArray:
     def set_readonly(self) -> "FakeDeviceArray":
         self._a.setflags(write=False)
         return self
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._a!r})"
 
 
 class OpaqueFakeDeviceArray(FakeDeviceArray):

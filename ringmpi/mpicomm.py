@@ -697,9 +697,9 @@ class MPITransport(_Wire):
         self.pool = ScratchPool(self.backend)
         self._spare_pools = []
         self.devices.clear()
-        if self._shared is not None:
-            self._shared.release()
-            self._shared = None
+        shared, self._shared = self._shared, None
+        if shared is not None:
+            shared.release()
         if self._split is not None:
             _, _, node, node_comm = self._split   # node.release() releases the local shared transport
             node.release()

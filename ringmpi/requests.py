@@ -53,6 +53,8 @@ from typing import Any, Callable, NoReturn
 
 from greenlet import GreenletExit, getcurrent, greenlet
 
+from .settings import first_use
+
 __all__ = ["Request", "MPIRequest", "Persistent", "waitall", "testall", "progress", "on_progress_thread", "yield_core", "engine",
            "Engine", "ACTIVE"]
 
@@ -178,11 +180,12 @@ class Persistent:
             if not self.active:
                 return True
             try:
-                if not self.mpi.Test():
-                    return False
+                complete = self.mpi.Test()
             except Exception as err:   # noqa: BLE001
                 self.active = False
                 _raise_failed(self.group, err, self.label, self.seq)
+            if not complete:
+                return False
             self.active = False
             self.result = self.bound.result if self.finish is None else self.finish()
             return True
@@ -774,11 +777,7 @@ os.register_at_fork(after_in_child=_after_fork)
 
 def engine() -> Engine:
     """The process's engine, made at first use."""
-    if not _ENGINE:
-        with _MAKING:
-            if not _ENGINE:
-                _ENGINE.append(Engine())
-    return _ENGINE[0]
+    return _ENGINE[0] if _ENGINE else first_use(_ENGINE, _MAKING, lambda: _ENGINE.append(Engine()))
 
 
 def on_progress_thread() -> bool:

@@ -47,6 +47,7 @@ import socket
 import sys
 import threading
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from .errors import RingmpiUsageError
 from .units import parse_size
@@ -182,11 +183,17 @@ def on_reload(fn) -> None:
 
 def settings() -> Settings:
     """The settings in force (read from the environment at the first call)."""
-    if not _CURRENT:
-        with _READING:
-            if not _CURRENT:
-                reload()
-    return _CURRENT[0]
+    return _CURRENT[0] if _CURRENT else first_use(_CURRENT, _READING, reload)
+
+
+def first_use(slot: list, lock: Any, fill: Callable[[], Any]) -> Any:
+    """What `slot` holds, which `fill()` puts there at the first use: one thread fills it,
+    the others that ask meanwhile wait for it under `lock` (a process's one engine, its
+    settings)."""
+    with lock:
+        if not slot:
+            fill()
+    return slot[0]
 
 
 def reload(env: dict | None = None) -> Settings:

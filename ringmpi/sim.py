@@ -497,6 +497,13 @@ class VirtualCluster:
         self._here, self._next = stacks[b % len(stacks)], stacks[(b + 1) % len(stacks)]
         return bool(self._here or self._next)
 
+    def _check_stuck(self) -> None:
+        """Raise SimDeadlock naming every rank still waiting when no rank can go on."""
+        stuck = [rk for rk in self.ranks if rk.op.pending]
+        if stuck:
+            raise SimDeadlock("no progress possible; blocked: " + ", ".join(
+                f"rank {rk.rank} (op posted at t={rk.op.posted:.3g})" for rk in stuck))
+
     # -- running ------------------------------------------------------------------------
     def run(self, fn: Callable[[VirtualRank], Any]) -> list:
         """fn(rank) on every rank, each a greenlet started in rank order; their results.
@@ -561,13 +568,6 @@ class VirtualCluster:
                 gc.enable()
         self._check_stuck()
         return results
-
-    def _check_stuck(self) -> None:
-        """Raise SimDeadlock naming every rank still waiting when no rank can go on."""
-        stuck = [rk for rk in self.ranks if rk.op.pending]
-        if stuck:
-            raise SimDeadlock("no progress possible; blocked: " + ", ".join(
-                f"rank {rk.rank} (op posted at t={rk.op.posted:.3g})" for rk in stuck))
 
     @property
     def time(self) -> float:

@@ -204,14 +204,14 @@ class SubGroup(ReceiveThenReduce):
     def exchange(self, sends: Sequence[tuple[Any, int]], recvs: Sequence[tuple[Any, int]]) -> None:
         self.parent.exchange([(b, self.members[d]) for b, d in sends], [(b, self.members[s]) for b, s in recvs])
 
-    def empty(self, n: int, dtype: Any) -> Any:
-        return self.parent.empty(n, dtype)
+    def combine(self, op: str, a: Any, b: Any, out: Any) -> None:
+        self.parent.combine(op, a, b, out)
 
     def copy(self, src: Any, dst: Any) -> None:
         self.parent.copy(src, dst)
 
-    def combine(self, op: str, a: Any, b: Any, out: Any) -> None:
-        self.parent.combine(op, a, b, out)
+    def empty(self, n: int, dtype: Any) -> Any:
+        return self.parent.empty(n, dtype)
 
     def scale(self, buf: Any, divisor: int) -> None:
         self.parent.scale(buf, divisor)

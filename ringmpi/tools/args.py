@@ -33,31 +33,27 @@ time = converter(parse_time, "time")
 rate = converter(parse_rate, "rate")
 
 
-def _count(text: str) -> int:
-    """A non-negative integer (ranks, nodes, jobs)."""
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
-    if v < 0:
-        raise ValueError(f"expected a non-negative integer, got {text!r}")
-    return v
+def bounded(kind: type, above: bool) -> Callable[[str], Any]:
+    """A number of `kind` (int, float) above 0, or with `above` False at least 0."""
+    what = f"{'positive' if above else 'non-negative'} {'integer' if kind is int else kind.__name__}"
 
-
-count = converter(_count, "non-negative integer")
-
-
-def positive(kind: type) -> Callable[[str], Any]:
-    """A number of `kind` (int, float) above 0: steps, samples, rates."""
     def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
-            raise ValueError(f"{text!r}: expected a number") from None
-        if not value > 0:
-            raise ValueError(f"{text!r}: must be above 0")
+            raise ValueError(f"{text!r}: expected a {what}") from None
+        if not (value > 0 if above else value >= 0):   # (NaN is neither)
+            raise ValueError(f"{text!r}: expected a {what}: " + ("must be above 0" if above else "must be at least 0"))
         return value
-    return converter(parse, f"positive {kind.__name__}")
+    return converter(parse, what)
+
+
+count = bounded(int, above=False)   # ranks, nodes, jobs
+
+
+def positive(kind: type) -> Callable[[str], Any]:
+    """A number of `kind` (int, float) above 0: steps, samples, rates."""
+    return bounded(kind, above=True)
 
 
 def int_list(text: str) -> list[int]:

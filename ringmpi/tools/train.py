@@ -393,6 +393,7 @@ def add_parser(sub, name: str = "train", text: str = "") -> None:
     a.add_argument("--hook", choices=list(HOOKS), default="allreduce",
                    help="how each gradient bucket is all-reduced: as it is, cast to fp16 or bf16 for the wire, or "
                         "PowerSGD's rank-4 factors with error feedback (ringmpi.dp.hooks)")
+    a.add_argument("--quiet", action="store_true", help="no per-step lines")
     a.add_argument("--bucket-cap", type=_bucket_cap, default="auto", metavar="MB|auto",
                    help="gradient bucket size in MB, or auto (default): when overlapped, predicted from the "
                         "backward's measured timeline and the all-reduce's measured cost, then the caps timed as "
@@ -401,7 +402,6 @@ def add_parser(sub, name: str = "train", text: str = "") -> None:
                    help="all-reduce each gradient bucket as a request during backward, as it is ready (default: "
                         "where that can hide anything: ranks on several hosts, or a core to spare per rank)")
     a.add_argument("--staleness", action="store_true", help="the asynchronous SGD staleness table (no MPI)")
-    a.add_argument("--quiet", action="store_true", help="no per-step lines")
     a.add_argument("--checkpoint", metavar="DIR", default="",
                    help="resume from the newest complete checkpoint in DIR and write checkpoints there "
                         "(atomically, with a digest; rank 0 writes, on a thread)")

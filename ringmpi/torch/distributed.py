@@ -28,13 +28,13 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
 from ..api import group
-from .tensors import TensorRequest, _Arrays, overlaps
+from .tensors import Outcome, TensorRequest, _Arrays, overlaps
 
 __all__ = ["init_process_group", "destroy_process_group", "register", "ProcessGroupRingmpi", "HookState", "allreduce_hook"]
 
@@ -107,7 +107,7 @@ def register(algorithm: str = "auto") -> None:
     dist.Backend.register_backend("ringmpi", create, extended_api=True, devices=["cpu", "cuda"])
 
 
-class _Work(dist.Work):
+class _Work(Outcome, dist.Work):
     """What the process group returns: its calls' requests, and the future DDP reads."""
 
     def __init__(self, requests: list[TensorRequest], future: Any) -> None:
@@ -120,11 +120,16 @@ class _Work(dist.Work):
         self.future.wait()
         return True
 
-    def is_completed(self) -> bool:
-        return self.future.done()
+    is_completed = Outcome.done
 
-    def get_future(self) -> Any:
-        return self.future
+
+def _unserved(call: str) -> Callable[..., _Work]:
+    """A process group call ringmpi has no collective for: a clear error naming what does."""
+    def unserved(self: "ProcessGroupRingmpi", *args: Any) -> _Work:
+        raise NotImplementedError(f"torch.distributed.{call} (ringmpi, rank {self.rank()}): ringmpi has no {call}; "
+                                  "a gloo group beside this one serves it (dist.new_group(backend='gloo'))")
+    unserved.__name__ = call
+    return unserved
 
 
 def _done(value: Any) -> _Work:   # (a call that completed at once)
@@ -203,14 +208,12 @@ class ProcessGroupRingmpi(dist.ProcessGroup):
                          tensors, opts)
 
     def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> _Work:
-        opts = opts or dist.AllgatherOptions()
         return self._run("allgather", dict(sendbuf=input.reshape(-1), recvbuf=output.reshape(-1)), [output], opts)
 
     _allgather_base = all_gather_single
 
     def allgather(self, outputs: list, inputs: list, opts: Any = None) -> _Work:
         """all_gather into a list of tensors: into one buffer, then copied out."""
-        opts = opts or dist.AllgatherOptions()
         t, outs = self._one(inputs, "all_gather"), self._one(outputs, "all_gather")
         flat = torch.empty(t.numel() * self.size(), dtype=t.dtype, device=t.device)
         return self._run("allgather", dict(sendbuf=t.reshape(-1), recvbuf=flat), outputs, opts,
@@ -234,7 +237,6 @@ class ProcessGroupRingmpi(dist.ProcessGroup):
 
     def all_to_all_single(self, output: Any, input: Any, output_split_sizes: list, input_split_sizes: list,
                           opts: Any = None) -> _Work:
-        opts = opts or dist.AllToAllOptions()
         p = self.size()
         for splits, what in ((output_split_sizes, "output"), (input_split_sizes, "input")):
             if splits and len(set(splits)) > 1:
@@ -246,7 +248,6 @@ class ProcessGroupRingmpi(dist.ProcessGroup):
     alltoall_base = all_to_all_single
 
     def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> _Work:
-        opts = opts or dist.AllToAllOptions()
         send = torch.cat([t.reshape(-1) for t in inputs])
         flat = torch.empty_like(send)
         return self._run("alltoall", dict(sendbuf=send, recvbuf=flat), outputs, opts, self._copy_out(flat, outputs))
@@ -262,21 +263,7 @@ class ProcessGroupRingmpi(dist.ProcessGroup):
         group(self.comm).barrier()
         return _done([])
 
-    def _missing(self, call: str) -> None:
-        raise NotImplementedError(f"torch.distributed.{call} (ringmpi, rank {self.rank()}): ringmpi has no {call}; "
-                                  "a gloo group beside this one serves it (dist.new_group(backend='gloo'))")
-
-    def gather(self, *args: Any) -> _Work:
-        self._missing("gather")
-
-    def scatter(self, *args: Any) -> _Work:
-        self._missing("scatter")
-
-    def send(self, *args: Any) -> _Work:
-        self._missing("send")
-
-    def recv(self, *args: Any) -> _Work:
-        self._missing("recv")
+    gather, scatter, send, recv = (_unserved(call) for call in ("gather", "scatter", "send", "recv"))
 
 
 # -- DDP's communication hook -------------------------------------------------------------

@@ -21,7 +21,7 @@ from ..dp.arrays import device_module
 #: the collectives (`ringmpi.specs`), each blocking and nonblocking on tensors (made below)
 COLLECTIVES = tuple(collectives.SPECS)
 
-__all__ = ["TensorRequest", "as_array", "as_tensor", "overlaps", "COLLECTIVES",
+__all__ = ["TensorRequest", "Outcome", "as_array", "as_tensor", "overlaps", "COLLECTIVES",
            *COLLECTIVES, *(f"i{name}" for name in COLLECTIVES)]
 
 
@@ -157,7 +157,20 @@ def _blocking(name: str) -> Callable:
     return call
 
 
-class TensorRequest:
+class Outcome:
+    """Something whose outcome a `torch.futures.Future` holds (`future`): a request on
+    tensors, the process group's work. DDP reads the future; `done()` says it is set."""
+    __slots__ = ()
+    future: Any
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def get_future(self) -> Any:
+        return self.future
+
+
+class TensorRequest(Outcome):
     """A collective on tensors in flight: `wait()` returns its result tensor (or raises
     what the call raised), `test()` says whether it is complete, `get_future()` gives a
     `torch.futures.Future` whose value is that tensor. Completed on ringmpi's progress
@@ -197,11 +210,7 @@ class TensorRequest:
             self.request.wait()
         return self.future.wait()
 
-    def test(self) -> bool:
-        return self.future.done()
-
-    def get_future(self) -> Any:
-        return self.future
+    test = Outcome.done
 
 
 class _BackwardEnd:
