@@ -383,14 +383,10 @@ class _MPIRequest(MPI.Request):
     __slots__ = ("kept", "seq")   # (what began it: a `_Kept`, or a persistent one's `_Named`; the call's sequence number)
 
     def Wait(self, status: Any = None) -> Literal[True]:
-        t, label = self.kept.transport, self.kept.label
-        before = t.waiting(label, self.seq)
-        try:
-            return MPI.Request.Wait(self, status)
-        except MPI.Exception as err:
-            raise t.failed(err, label, self.seq) from err
-        finally:
-            t.waited(before)
+        err = self.kept.transport.wait_watched(self, self.kept.label, self.seq, status)
+        if err is not None:
+            raise err
+        return True
 
     def Test(self, status: Any = None) -> bool:
         try:

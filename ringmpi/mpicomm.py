@@ -542,6 +542,25 @@ class MPITransport(_Wire):
     def waited(self, before: tuple) -> None:
         self.busy, self.current = before
 
+    def wait_watched(self, request: Any, label: str, seq: int, status: Any = None) -> BaseException | None:
+        """MPI_Wait for `request`, one of MPI's own requests (call `seq`, `label`), with the
+        stall watch told that the caller waits for that call (`waiting`, in one frame: a
+        persistent call's wait at a few bytes costs little more than MPI's); MPI's error as
+        `failed` makes it (the other ranks told), or None. An interrupt is raised as it is
+        and leaves the call in flight."""
+        before = self.busy, self.current
+        self.busy, self.current = label, seq
+        try:
+            MPI.Request.Wait(request, status)
+        except Exception as err:   # noqa: BLE001
+            raised = self.failed(err, label, seq)
+            if raised is not err:
+                raised.__cause__ = err
+            return raised
+        finally:
+            self.busy, self.current = before
+        return None
+
     def request_view(self, label: str) -> "RequestView":
         """A fresh suspending transport for one request of `label` (its sequence number and
         tag taken now: requests begin in the same order on every rank)."""

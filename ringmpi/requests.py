@@ -195,15 +195,10 @@ class Persistent:
         """The result of the last start's call (None when never started)."""
         if self.mpi is not None:
             if self.active:
-                before = self.group.waiting(self.label, self.seq)
-                try:
-                    self.mpi.Wait()
-                except Exception as err:   # noqa: BLE001 (an interrupt leaves the call in flight)
-                    self.active = False
-                    _raise_failed(self.group, err, self.label, self.seq)
-                finally:
-                    self.group.waited(before)
+                err = self.group.wait_watched(self.mpi, self.label, self.seq)
                 self.active = False
+                if err is not None:
+                    raise err
                 self.result = self.bound.result if self.finish is None else self.finish()
             return self.result
         return None if self.request is None else self.request.wait()
@@ -271,16 +266,11 @@ class MPIRequest(_Handed):
 
     def wait(self) -> Any:
         if not self.done:
-            g = self.group
-            before = g.waiting(self.label, self.seq)
-            try:
-                self.inner.Wait()
-            except Exception as err:   # noqa: BLE001
-                self._failed(err)
-            else:
+            err = self.group.wait_watched(self.inner, self.label, self.seq)
+            if err is None:
                 self._finish()
-            finally:
-                g.waited(before)
+            else:
+                self.done, self.finish, self.error = True, None, err
         return self._collect()
 
     def _finish(self) -> None:
