@@ -283,7 +283,7 @@ class _Kept:
     written out in each of `Comm.Bcast`, `Comm.Allreduce`, `Comm.Allgather` and
     `Comm.Alltoall` from one text (`_KEPT_CALL`), not called: at a few bytes, one more
     Python frame is a tenth of mpi4py's whole call. A nonblocking method's kept calls begin
-    MPI's own request (`start`)."""
+    MPI's own request (`_KEPT_START`)."""
     __slots__ = ("method", "function", "label", "generation", "transport", "send", "recv", "extra", "kind",
                  "count", "datatype", "calls")
 
@@ -336,27 +336,6 @@ class _Kept:
             return False
         return type(a) is not np.ndarray or type(b) is not np.ndarray or not _may_overlap(a, b)
 
-    def start(self, comm: "Comm", a: Any, b: Any, c: Any) -> "_MPIRequest | None":
-        """MPI's own nonblocking `method(a, b[, c])` on arguments that fit, begun where the
-        full path's request would be (its sequence number taken, the requests in flight
-        advanced first); None: mpi4py refused the arguments, and the caller takes the full
-        path."""
-        t = self.transport
-        if ACTIVE:
-            progress()
-        t.seq += 1
-        try:
-            inner = self.function(comm, a, b) if c is None else self.function(comm, a, b, c)
-        except (BufferError, ValueError, TypeError):
-            t.seq -= 1
-            return None
-        except BaseException as err:   # (MPI's own error: the other ranks are told)
-            raise t.failed(err, self.label, t.seq) from err
-        req = _MPIRequest(inner)
-        req.kept, req.seq = self, t.seq
-        self.calls += 1
-        return req
-
     def refused(self, err: BaseException) -> None:
         """MPI's own call raised `err`: mpi4py refused this call's arguments (a read-only or
         strided buffer of the kept form: the caller takes the full path, which explains or
@@ -373,7 +352,7 @@ class _Kept:
 
 
 class _MPIRequest(MPI.Request):
-    """What a kept nonblocking call returns (`_Kept.start`): the library's own request for
+    """What a kept nonblocking call returns (`_KEPT_START`): the library's own request for
     MPI's own collective, begun on the caller's specifications as they are, as plain
     mpi4py would (the drop-in's other requests are generalized requests that ringmpi
     completes, `_Request`, which cost more than such a call itself). It is an MPI request:
@@ -493,13 +472,14 @@ def _counts(x: Any, p: int) -> list[int] | None:
 #: whether the drop-in keeps within 1.5x of it (benchmarks/README.md, "The drop-in's kept
 #: calls in one frame"); any other call goes on to `rest`, the method's full path. A call
 #: whose argument mpi4py refuses takes the full path too (`_Kept.refused`).
-_KEPT_CALL = """def {method}(self, {params}):
+_KEPT_HEAD = """def {method}(self, {params}):
     kept = self.{attribute}
     if kept is not None and {fits}:
         t = kept.transport
         if ACTIVE:
             progress()
-        t.current = t.seq = t.seq + 1
+"""
+_KEPT_CALL = _KEPT_HEAD + """        t.current = t.seq = t.seq + 1
         t.busy = kept.label
         try:
             function(self, {args})
@@ -510,6 +490,23 @@ _KEPT_CALL = """def {method}(self, {params}):
             kept.calls += 1
             return
     rest(self, {args})
+"""
+#: the same for a nonblocking method: MPI's own request begun on the arguments as they are,
+#: where the full path's request would be (its sequence number taken, the requests in flight
+#: advanced first; an argument mpi4py refuses takes the full path), as `_MPIRequest`
+_KEPT_START = _KEPT_HEAD + """        t.seq += 1
+        try:
+            inner = function(self, {args})
+        except (BufferError, ValueError, TypeError):
+            t.seq -= 1
+        except BaseException as err:
+            raise t.failed(err, kept.label, t.seq) from err
+        else:
+            req = _MPIRequest(inner)
+            req.kept, req.seq = kept, t.seq
+            kept.calls += 1
+            return req
+    return rest(self, {args})
 """
 #: `[buf, count, type]` of the kept form (the last buffer's, field by field: `_Kept`)
 _LISTED = ("type({b}) is list and len({b}) == 3 and {b}[2] is kept.datatype and {b}[1] == kept.count and "
@@ -524,16 +521,34 @@ _PAIRED = "(" + _LISTED.format(b="recvbuf") + " and " + _SENT + " or kept.pair(s
 
 
 def _kept_method(method: str, params: str, fits: str, rest: Callable, **defaults: Any) -> Callable:
-    """`Comm.<method>` from `_KEPT_CALL`: `params` its parameters after self (`defaults`
-    named in them), `fits` the expression that compares a call with the kept forms, `rest`
-    the full path (called with the same arguments)."""
+    """`Comm.<method>` from `_KEPT_CALL` (a nonblocking method's: `_KEPT_START`): `params`
+    its parameters after self (`defaults` named in them), `fits` the expression that
+    compares a call with the kept forms, `rest` the full path (called with the same
+    arguments)."""
     args = ", ".join(p.split("=")[0].strip() for p in params.split(","))
-    source = _KEPT_CALL.format(method=method, params=params, attribute=_KEPT_METHODS[method], fits=fits, args=args)
+    template = _KEPT_START if method.startswith("I") else _KEPT_CALL
+    source = template.format(method=method, params=params, attribute=_KEPT_METHODS[method], fits=fits, args=args)
     scope = {"ACTIVE": ACTIVE, "progress": progress, "function": getattr(MPI.Intracomm, method), "rest": rest,
-             "_IN_PLACE": _IN_PLACE, "_fits": _fits, "np": np, **defaults}
+             "_IN_PLACE": _IN_PLACE, "_fits": _fits, "np": np, "_MPIRequest": _MPIRequest, **defaults}
     made = written(source, f"<ringmpi.Comm.{method}>", scope, method)
     made.__qualname__, made.__doc__ = f"Comm.{method}", getattr(MPI.Intracomm, method).__doc__
     return made
+
+
+#: a one-buffer call (`Bcast`, `Ibcast`) of the kept form: the root, the buffer a
+#: `[buf, count, type]` or a bare array field by field, else `_Kept.fits`
+_BCAST_FITS = ("root == kept.extra and (" + _LISTED.format(b="buf") +
+               " or type(buf) is np.ndarray and buf.dtype is kept.datatype and buf.size == kept.count"
+               " or kept.fits(buf, None))")
+
+
+def _iblocks_rest(method: str, collective: str, whole_send: bool) -> Callable:
+    """The full path of `Comm.Iallgather` and `Comm.Ialltoall`, as `_blocks_rest`'s: the
+    call parsed and begun as ringmpi's request, or left to mpi4py."""
+    def rest(self: "Comm", sendbuf: Any, recvbuf: Any) -> Any:
+        return self._start(method, self._blocks(collective, sendbuf, recvbuf, whole_send), sendbuf, recvbuf,
+                           key=_forms(sendbuf, recvbuf, None))
+    return rest
 
 
 def _blocks_rest(method: str, collective: str, whole_send: bool) -> Callable:
@@ -707,9 +722,7 @@ class Comm(MPI.Intracomm):
         if not self._serve("Bcast", self._bcast(buf, root), key):
             super().Bcast(buf, root)
 
-    Bcast = _kept_method("Bcast", "buf, root=0", "root == kept.extra and (" + _LISTED.format(b="buf") +
-                         " or type(buf) is np.ndarray and buf.dtype is kept.datatype and buf.size == kept.count"
-                         " or kept.fits(buf, None))", _bcast_rest)
+    Bcast = _kept_method("Bcast", "buf, root=0", _BCAST_FITS, _bcast_rest)
 
     def _bcast(self, buf: Any, root: Any) -> "_Served | None":
         if type(root) is not int or not 0 <= root < self.Get_size():
@@ -813,15 +826,6 @@ class Comm(MPI.Intracomm):
             self._note(method, key, mpi=req._ring.posted)
         return req
 
-    def _kept_start(self, kept: "_Kept | None", a: Any, b: Any, c: Any, extra: Any) -> "_MPIRequest | None":
-        """A nonblocking call `method(a, b[, c])` that fits its method's kept forms (`b` the
-        second buffer, or a one-buffer call's root), begun as MPI's own (`_Kept.start`);
-        None: the full path."""
-        if kept is None or not (extra is kept.extra or extra == kept.extra) or \
-                not (kept.fits(a, None) if kept.recv is None else kept.pair(a, b)):
-            return None
-        return kept.start(self, a, b, c)
-
     def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
         CALLS["Allgatherv"] += 1
         p, rank = self.Get_size(), self.Get_rank()
@@ -894,38 +898,26 @@ class Comm(MPI.Intracomm):
         return None
 
     # -- nonblocking (MPI-3) and persistent (MPI-4) forms: the same parsing, as requests --
-    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> Any:
-        req = self._kept_start(self._kept_iallreduce, sendbuf, recvbuf, op, op)
-        if req is not None:
-            return req
+    def _iallreduce_rest(self, sendbuf: Any, recvbuf: Any, op: Any) -> Any:
+        """`Iallreduce`'s full path, for a call that is not of its kept forms."""
         served = self._allreduce(sendbuf, recvbuf, op)
         key = _forms(sendbuf, recvbuf, op) if served is not None and _reduces_as_mpi(
             served.args["op"], recvbuf, served.args["recvbuf"]) else None
         return self._start("Iallreduce", served, sendbuf, recvbuf, op, key=key)
 
+    Iallreduce = _kept_method("Iallreduce", "sendbuf, recvbuf, op=SUM",
+                              "(op is kept.extra or op == kept.extra) and " + _PAIRED, _iallreduce_rest, SUM=MPI.SUM)
+
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0) -> Any:
         return self._start("Ireduce", self._reduce(sendbuf, recvbuf, op, root), sendbuf, recvbuf, op, root)
 
-    def Ibcast(self, buf: Any, root: int = 0) -> Any:
-        req = self._kept_start(self._kept_ibcast, buf, root, None, root)
-        if req is not None:
-            return req
+    def _ibcast_rest(self, buf: Any, root: Any) -> Any:
+        """`Ibcast`'s full path, for a call that is not of its kept form."""
         return self._start("Ibcast", self._bcast(buf, root), buf, root, key=_forms(buf, None, root))
 
-    def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Any:
-        return self._iblocks("Iallgather", self._kept_iallgather, "allgather", False, sendbuf, recvbuf)
-
-    def Ialltoall(self, sendbuf: Any, recvbuf: Any) -> Any:
-        return self._iblocks("Ialltoall", self._kept_ialltoall, "alltoall", True, sendbuf, recvbuf)
-
-    def _iblocks(self, method: str, kept: "_Kept | None", collective: str, whole_send: bool, sendbuf: Any,
-                 recvbuf: Any) -> Any:
-        """`Iallgather` and `Ialltoall`, as `_blocks_rest` and their kept calls are the blocking ones."""
-        req = self._kept_start(kept, sendbuf, recvbuf, None, None)
-        if req is not None:
-            return req
-        return self._start(method, self._blocks(collective, sendbuf, recvbuf, whole_send), sendbuf, recvbuf,
-                           key=_forms(sendbuf, recvbuf, None))
+    Ibcast = _kept_method("Ibcast", "buf, root=0", _BCAST_FITS, _ibcast_rest)
+    Iallgather = _kept_method("Iallgather", "sendbuf, recvbuf", _PAIRED, _iblocks_rest("Iallgather", "allgather", False))
+    Ialltoall = _kept_method("Ialltoall", "sendbuf, recvbuf", _PAIRED, _iblocks_rest("Ialltoall", "alltoall", True))
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> Any:
         return self._start("Ireduce_scatter_block", self._scatter_block(sendbuf, recvbuf, op), sendbuf, recvbuf, op)
