@@ -12,6 +12,14 @@ about as long as the all-reduce alone, measured first):
     blocking   the all-reduce, then the work
     overlap    ringmpi.iallreduce, the work, then wait()
 
+With `--pieces N` the all-reduce is N requests on consecutive pieces of the buffer, each
+begun after its share of the work (as a training step's buckets are begun while backward
+goes on), then all waited for; and one more:
+
+    paced      the same N requests begun as far apart, the ranks sleeping in between:
+               what the link does with the requests coming one at a time, nothing
+               computing beside them
+
 Each is timed on every rank, the slowest rank counts. Printed: medians over rounds (and
 the spread), blocking / (compute + comm), overlap / max(compute, comm) and the share of
 the communication hidden, (compute + comm - overlap) / comm.
@@ -39,6 +47,8 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0,
                     help="products times this (the estimate from a few products alone can run long: "
                          "4 products timed alone take less each than hundreds beside the other host's)")
+    ap.add_argument("--pieces", type=int, default=1,
+                    help="the all-reduce as this many requests, begun between equal shares of the work")
     ns = ap.parse_args()
     world = MPI.COMM_WORLD
     n = parse_size(ns.size) // 4
@@ -68,13 +78,19 @@ def main() -> None:
     k = world.bcast(max(1, round(ns.scale * alone / one)), 0)
 
     ran = {}
+    cuts = [n * i // ns.pieces for i in range(ns.pieces + 1)]
+    shares = [k * (i + 1) // ns.pieces - k * i // ns.pieces for i in range(ns.pieces)]
 
-    def overlap():
-        q = ringmpi.iallreduce(x, y, algorithm=ns.algorithm)
-        work(k)
-        q.wait()
-        ran["request"] = q.label
+    def overlap(between=work):
+        qs = []
+        for lo, hi, share in zip(cuts, cuts[1:], shares):
+            qs.append(ringmpi.iallreduce(x[lo:hi], y[lo:hi], algorithm=ns.algorithm))
+            between(share)
+        ringmpi.waitall(qs)
+        ran["request"] = qs[-1].label
     runners = {"comm": comm, "compute": lambda: work(k), "blocking": lambda: (comm(), work(k)), "overlap": overlap}
+    if ns.pieces > 1:
+        runners["paced"] = lambda: overlap(lambda share: time.sleep(share * one))
     times: dict[str, list[float]] = {name: [] for name in runners}
     order = random.Random(1)
     for _ in range(ns.rounds):
@@ -87,7 +103,7 @@ def main() -> None:
         spread = {name: f"{min(v) * 1e3:.1f}-{max(v) * 1e3:.1f}" for name, v in times.items()}
         comm_s, comp_s = med["comm"], med["compute"]
         hidden = (comp_s + comm_s - med["overlap"]) / comm_s
-        print(f"all-reduce of {ns.size}B float32 on {world.size} ranks ({ns.algorithm}: blocking ran "
+        print(f"all-reduce of {ns.size}B float32 in {ns.pieces} request(s) on {world.size} ranks ({ns.algorithm}: blocking ran "
               f"{ringmpi.last_choice()['algorithm']}, the request {ran['request']}), {k} products of {ns.matrix}x{ns.matrix}, {ns.rounds} rounds, medians (spread) in ms:")
         for name in runners:
             print(f"  {name:9s} {med[name] * 1e3:8.1f}  ({spread[name]})")
