@@ -544,10 +544,10 @@ class MPITransport(_Wire):
 
     def wait_watched(self, request: Any, label: str, seq: int, status: Any = None) -> BaseException | None:
         """MPI_Wait for `request`, one of MPI's own requests (call `seq`, `label`), with the
-        stall watch told that the caller waits for that call (`waiting`, in one frame: a
-        persistent call's wait at a few bytes costs little more than MPI's); MPI's error as
-        `failed` makes it (the other ranks told), or None. An interrupt is raised as it is
-        and leaves the call in flight."""
+        stall watch told that the caller waits for that call (`waiting` and `waited` around
+        it); MPI's error as `failed` makes it (the other ranks told), or None. The caller
+        decides what an error does to its request. An interrupt is raised as it is and
+        leaves the call in flight."""
         before = self.busy, self.current
         self.busy, self.current = label, seq
         try:

@@ -147,8 +147,9 @@ class Persistent:
     request: Request | None = None                       # the call of the last start
     freed: bool = False
     mpi: Any = None                                      # MPI's own persistent request, where it serves
-    finish: Callable[[], Any] | None = None              # (mpi) after each completion: the result,
-    active: bool = False                                 # where something is left to do (AVG's division)
+    finish: Callable[[], Any] | None = None              # (mpi) the result after each completion, where
+    #                                                      there is something to do (AVG's division)
+    active: bool = False                                 # (mpi) started, not yet waited for
     seq: int = 0                                         # (mpi) the last start's call number
     result: Any = None                                   # (mpi) the last call's result, once complete
     bound: Any = None                                    # what its starts run (`api._Bound`)
