@@ -284,11 +284,11 @@ class _Kept:
     `Comm.Alltoall` from one text (`_KEPT_CALL`), not called: at a few bytes, one more
     Python frame is a tenth of mpi4py's whole call. A nonblocking method's kept calls begin
     MPI's own request (`_KEPT_START`)."""
-    __slots__ = ("method", "function", "label", "generation", "transport", "send", "recv", "extra", "kind",
-                 "count", "datatype", "calls")
+    __slots__ = ("method", "label", "generation", "transport", "send", "recv", "extra", "kind", "count",
+                 "datatype", "calls")
 
     def __init__(self, method: str, key: tuple, generation: int, transport: Any) -> None:
-        self.method, self.function, self.label = method, getattr(MPI.Intracomm, method), _LABELS[method]
+        self.method, self.label = method, _LABELS[method]
         self.generation, self.transport = generation, transport
         #: the first buffer's form (True: MPI.IN_PLACE), the second's (None: a one-buffer call),
         #: the call's other argument (the op, the root, or None)
