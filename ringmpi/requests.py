@@ -187,8 +187,7 @@ class Persistent:
                 _raise_failed(self.group, err, self.label, self.seq)
             if not complete:
                 return False
-            self.active = False
-            self.result = self.bound.result if self.finish is None else self.finish()
+            self._done()
             return True
         return self.request is None or self.request.test()
 
@@ -197,12 +196,19 @@ class Persistent:
         if self.mpi is not None:
             if self.active:
                 err = self.group.wait_watched(self.mpi, self.label, self.seq)
-                self.active = False
                 if err is not None:
+                    self.active = False
                     raise err
-                self.result = self.bound.result if self.finish is None else self.finish()
+                self._done()
             return self.result
         return None if self.request is None else self.request.wait()
+
+    def _done(self) -> None:
+        """MPI's call is complete: its result kept for this wait and any after it (a test
+        that found it complete, then a wait), finished once where there is something to
+        finish (AVG's division)."""
+        self.active = False
+        self.result = self.bound.result if self.finish is None else self.finish()
 
     def free(self) -> None:
         if self.active or self.request is not None and not self.request.done:
@@ -259,7 +265,7 @@ class MPIRequest(_Handed):
                 if not self.inner.Test():
                     return False
             except Exception as err:   # noqa: BLE001 (MPI's error: raised by _collect, as a call's; an
-                self._failed(err)      # interrupt leaves the request in flight)
+                self._failed(self.group.failed(err, self.label, self.seq))   # interrupt leaves it in flight)
             else:
                 self._finish()
         self._collect()
@@ -271,7 +277,7 @@ class MPIRequest(_Handed):
             if err is None:
                 self._finish()
             else:
-                self.done, self.finish, self.error = True, None, err
+                self._failed(err)
         return self._collect()
 
     def _finish(self) -> None:
@@ -285,8 +291,8 @@ class MPIRequest(_Handed):
                 self.error = err
 
     def _failed(self, err: BaseException) -> None:
-        self.done, self.finish = True, None
-        self.error = self.group.failed(err, self.label, self.seq)
+        """Complete with `err`, the call's error as the group made it (`failed`)."""
+        self.done, self.finish, self.error = True, None, err
 
     def _collect(self) -> Any:
         if not self.waited:
