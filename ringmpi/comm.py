@@ -188,13 +188,25 @@ def _reduction(sendbuf: Any, recvbuf: Any, op: Any) -> tuple[np.ndarray, np.ndar
     rv = r and r.take()
     if rv is None or not rv.size or not (name := _op(op, rv.dtype)):
         return None
+    rv = _whole(recvbuf, rv)
     if _in_place(sendbuf):
         return rv, rv, name
     s = _message(sendbuf, False)
     sv = s and s.take()
     if sv is not None and sv.size == rv.size and sv.dtype == rv.dtype and _apart(sv, rv):
-        return sv, rv, name
+        return _whole(sendbuf, sv), rv, name
     return None
+
+
+def _whole(buf: Any, flat: np.ndarray) -> np.ndarray:
+    """`buf` itself where `flat` is the whole of it, a C-contiguous array of several
+    dimensions flattened (`_array`; one in Fortran order stays flat: the call pairs
+    elements in memory order): ringmpi's functions take it as it is, and the memos
+    that find a call's plan by its arrays (`Comm._remember`, the requests' `RequestMemo`)
+    then find the very array the next call passes, where a fresh flat view each call is
+    never found (a matrix's gradient all-reduced every step took the full path each time)."""
+    return buf if flat.base is buf and type(buf) is np.ndarray and buf.flags.c_contiguous and flat.size == buf.size \
+        else flat
 
 
 def _message(msg: Any, writable: bool) -> _Msg | None:
@@ -732,6 +744,7 @@ class Comm(MPI.Intracomm):
         v = m and m.take()
         if v is None or not v.size:
             return None
+        v = _whole(buf, v)
         if sending and not v.flags.writeable:
             v = v.copy()      # ringmpi's broadcast takes one writable buffer; the root's is only read
         return _Served("broadcast", dict(buf=v, root=root))
@@ -746,12 +759,13 @@ class Comm(MPI.Intracomm):
         rv = r and r.take(p)
         if rv is None or not rv.size:
             return None
+        rv = _whole(recvbuf, rv)
         if _in_place(sendbuf):
             return _Served(collective, dict(sendbuf=rv, recvbuf=rv))
         s = _message(sendbuf, False)
         sv = s and (s.take(p) if whole_send else s.take())
         if sv is not None and sv.size * (1 if whole_send else p) == rv.size and sv.dtype == rv.dtype and _apart(sv, rv):
-            return _Served(collective, dict(sendbuf=sv, recvbuf=rv))
+            return _Served(collective, dict(sendbuf=_whole(sendbuf, sv), recvbuf=rv))
         return None
 
     def _serve(self, method: str, served: "_Served | None", key: tuple | None = None) -> bool:

@@ -302,6 +302,43 @@ def test_repeated_calls_stay_correct(comm, rng):
     assert np.array_equal(b, mx)
 
 
+@pytest.mark.parametrize("alg", ["ring", "recursive_doubling"])
+def test_a_matrix_all_reduced_again_is_found_by_its_array(rng, alg):
+    """A C-contiguous matrix (a weight's gradient, all-reduced every step) served by
+    ringmpi's algorithm: its blocking calls come to go straight to the plan kept for that
+    very array (`Comm._hot`; the memo behind it backs off up to 64 calls after arrays that
+    died, as earlier tests' did) and its nonblocking calls start the request kept for it
+    (the same persistent request each time, once the first call's set-up is done), as a
+    flat array's do; the results are mpi4py's own, and one in Fortran order is still
+    paired element by element in memory order."""
+    c = ringmpi.Comm(WORLD, allreduce=alg)
+    send, recv = np.empty((6, 5)), np.empty((6, 5))
+    ref = np.empty((6, 5))
+
+    def fresh() -> None:
+        send[...] = make_data(rng, "float64", 30, "SUM", exact=True).reshape(6, 5)
+        PLAIN.Allreduce(send, ref)
+    for i in range(80):
+        fresh()
+        c.Allreduce(send, recv)
+        assert np.array_equal(recv, ref), i
+    assert id(recv) in (c._hot or {})
+    sources = []
+    for i in range(8):
+        fresh()
+        req = c.Iallreduce(send, recv)
+        sources.append(req._ring.source)
+        req.Wait()
+        assert np.array_equal(recv, ref), i
+    assert all(s is sources[-1] for s in sources[2:]), sources
+    f = np.asfortranarray(send + R)
+    out, ref = np.empty_like(f), np.empty_like(f)
+    PLAIN.Allreduce(f, ref)
+    for _ in range(2):
+        c.Allreduce(f, out)
+        assert np.array_equal(out, ref) and out.flags.f_contiguous
+
+
 def test_repeated_calls_on_bytes_like_buffers(comm):
     """mpi4py's demo style, repeated: [buf, count, type] lists over mmap and bytearray
     buffers, IN_PLACE, with MPI's own chosen (the forms kept, the parsing skipped) and with
