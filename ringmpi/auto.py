@@ -222,9 +222,14 @@ class Margins(NamedTuple):
     nonblocking call in one frame, and MPI's on two ranks". The model's MPI's own is no
     measurement, and on one host it predicts MPI's own
     where a shared-memory algorithm is faster); the drop-in 1 for both (`comm.AS_ASKED`:
-    its caller asked for MPI's own)."""
+    its caller asked for MPI's own). `seconds`: what a request of ringmpi's algorithm costs
+    its caller over the blocking call it was measured as, added to that call's time where
+    the two are weighed (the drop-in's generalized request, its parsing and its hand-off
+    cost some tens of microseconds, more than ringmpi's algorithm gained over MPI's at
+    64 KiB: benchmarks/README.md, "The drop-in's requests weighed as requests")."""
     predicted: float = REQUEST_MARGIN
     measured: float = REQUEST_MARGIN
+    seconds: float = 0.0
 
 
 def choose_request(view: Any, g: Any, call: Call, margins: Margins = Margins()) -> dict:
@@ -243,46 +248,52 @@ def choose_request(view: Any, g: Any, call: Call, margins: Margins = Margins()) 
         return {"algorithm": forced, "why": "forced by RINGMPI_ALGO", "collective": collective}
     tuner = g.tuners.get(_bucket(view, call)) if st.tune else None
     if tuner is not None and tuner.winner is not None:
-        name = _request_winner(tuner, view, call, margins.measured)
+        name = _request_winner(tuner, view, call, margins.measured, margins.seconds)
         if name is not None:
             choice = tuner.choice(name)
             del choice["tuner"]
-            if name != tuner.winner:
+            if name == "mpi" and tuner.winner != "mpi":
+                choice["why"] = (f"online tuning: MPI's own, within {margins.seconds * 1e6:g} us of {tuner.winner} "
+                                 "measured, what a request of ringmpi's costs more")
+            elif name != tuner.winner:
                 choice["why"] = (f"online tuning: the fastest of ringmpi's measured (MPI's own, {tuner.winner}, "
                                  f"as a nonblocking collective only where {margins.measured:g}x faster)")
             return choice
-    ckey = (collective, call.count, call.itemsize, call.params, st.generation, view.on_device, margins.predicted)
+    ckey = (collective, call.count, call.itemsize, call.params, st.generation, view.on_device, margins)
     choice = g.request_choices.get(ckey)
     if choice is None:
         mpi_ok = g.mpi_serves(call)
         choice = _predicted_choice(view, call, profile_of(g), mpi_ok)
         preds = choice["predicted_s"]
         ours = {a: s for a, s in preds.items() if a != "mpi"}
-        if choice["algorithm"] == "mpi" and ours and margins.predicted * preds["mpi"] > min(ours.values()):
-            choice["algorithm"] = min(ours, key=ours.get)
-            choice["why"] += f"; MPI's own nonblocking collective only where {margins.predicted:g}x faster"
+        best = min(ours, key=ours.get) if ours else None
+        if best is not None and "mpi" in preds and \
+                (choice["algorithm"] == "mpi") != (margins.predicted * preds["mpi"] <= preds[best] + margins.seconds):
+            choice["algorithm"] = best if choice["algorithm"] == "mpi" else "mpi"
+            choice["why"] += (f"; MPI's own nonblocking collective only where {margins.predicted:g}x faster than "
+                              f"ringmpi's as a request (+{margins.seconds * 1e6:g} us)")
         choice.update(collective=collective, bytes=call.count * call.itemsize)
         g.request_choices.put(ckey, choice)
     return choice
 
 
-def _request_winner(tuner: "Tuner", view: Any, call: Call, margin: float) -> str | None:
+def _request_winner(tuner: "Tuner", view: Any, call: Call, margin: float, seconds: float = 0.0) -> str | None:
     """Of the algorithms a tuner measured (blocking calls, the same times on every rank),
-    the one a request runs: its winner, but where that is MPI's own, the fastest of
-    ringmpi's that can run as a request unless MPI's is `margin` times faster (its
-    nonblocking collective is another implementation, which can be much slower than the
-    blocking one it was measured as: benchmarks/README.md, "Requests on the algorithm
-    measured"); None where none measured can run."""
+    the one a request runs: the fastest of ringmpi's that can run as a request unless MPI's
+    own is `margin` times faster than it with `seconds` added (its nonblocking collective
+    is another implementation, which can be much slower than the blocking one it was
+    measured as: benchmarks/README.md, "Requests on the algorithm measured"; ringmpi's
+    request costs its caller `seconds` more than its blocking call), the tuner's winner
+    where that is it; None where none measured can run."""
     collective, tuned = call.collective.name, tuner.tuned
     runs = [a for a in tuned if not _alg.get(collective, a).refuses(view, call)]
     if not runs:
         return None
     ours = [a for a in runs if a != "mpi"]
-    best = min(ours, key=tuned.get) if ours else None
-    if tuner.winner in runs and (tuner.winner != "mpi" or best is None or
-                                 margin * tuned["mpi"] <= tuned[best]):
-        return tuner.winner
-    return best if best is not None else "mpi"
+    best = tuner.winner if tuner.winner in ours else min(ours, key=tuned.get) if ours else None
+    if best is None or "mpi" in runs and margin * tuned["mpi"] <= tuned[best] + seconds:
+        return "mpi"
+    return best
 
 
 def _but_the_slowest(seconds: list[float]) -> float:

@@ -260,7 +260,9 @@ def test_a_request_runs_mpi_s_own_only_where_measured_far_faster():
     MPI's own only where it is REQUEST_MARGIN times faster than ringmpi's best (its
     nonblocking collective is another implementation); an algorithm that cannot run as a
     request is passed over. With margin 1 (the drop-in's: its caller asked for MPI's own),
-    whatever was measured fastest, MPI's own included."""
+    whatever was measured fastest, MPI's own included; with a request's own cost added to
+    ringmpi's (the drop-in's `REQUEST_S`), MPI's own also where ringmpi's was faster by less
+    than that cost."""
     settings.reload({})
     t = fake_transport(Profile(alpha=5e-6, beta=1 / 5e9, gamma=1 / 10e9), size=2)
     view = types.SimpleNamespace(**vars(t))
@@ -269,7 +271,8 @@ def test_a_request_runs_mpi_s_own_only_where_measured_far_faster():
     assert "mpi" in names and "recursive_doubling" in names
     for mpi, ours, want in ((16e-6, 17e-6, "recursive_doubling"),   # MPI's own barely faster
                             (1e-6, 15e-6, "mpi"),                    # far faster: kept
-                            (20e-6, 17e-6, "recursive_doubling")):   # not the winner at all
+                            (20e-6, 17e-6, "recursive_doubling"),    # not the winner at all
+                            (40e-6, 17e-6, "recursive_doubling")):   # nor with a request's cost added
         t.tuners.clear()
         speed = {a: mpi if a == "mpi" else ours if a == "recursive_doubling" else 1.0 for a in names}
         tuner, _ = explore(t, "allreduce", 16384, speed)
@@ -278,6 +281,26 @@ def test_a_request_runs_mpi_s_own_only_where_measured_far_faster():
         assert ("ringmpi's measured" in got["why"]) == (tuner.winner != want)
         asked = auto.choose_request(view, t, call, auto.Margins(1.0, 1.0))
         assert asked["algorithm"] == tuner.winner == ("mpi" if mpi < ours else "recursive_doubling"), (mpi, ours, asked)
+        costed = auto.choose_request(view, t, call, auto.Margins(1.0, 1.0, 5e-6))
+        assert costed["algorithm"] == ("mpi" if mpi <= ours + 5e-6 else "recursive_doubling"), (mpi, ours, costed)
+        assert ("within 5 us of" in costed["why"]) == (costed["algorithm"] != tuner.winner), costed
+
+
+def test_a_request_weighs_its_own_cost_where_only_predicted():
+    """Without online tuning, a request's choice between ringmpi's best predicted algorithm
+    and MPI's own adds the request's own cost (`Margins.seconds`) to ringmpi's: where MPI's
+    own is predicted fastest but not REQUEST_MARGIN times faster, ringmpi's runs; where a
+    request of ringmpi's costs a second more, MPI's own does."""
+    t = fake_transport(Profile(alpha=5e-6, beta=1 / 5e9, gamma=1 / 10e9), size=8)
+    t.request_choices = LRU(8)
+    view = types.SimpleNamespace(**vars(t))
+    call = Call(SPECS["allreduce"], np.empty(0, np.float32), None, 1 << 24, "SUM")
+    preds = auto.choose_request(view, t, call, auto.Margins(1.0, 1.0))["predicted_s"]
+    ours = min(s for a, s in preds.items() if a != "mpi")
+    assert preds["mpi"] <= ours < auto.REQUEST_MARGIN * preds["mpi"], preds
+    assert auto.choose_request(view, t, call)["algorithm"] != "mpi"
+    costed = auto.choose_request(view, t, call, auto.Margins(seconds=1.0))
+    assert costed["algorithm"] == "mpi", costed
 
 
 def test_candidates_predicted_far_slower_are_never_tried():
