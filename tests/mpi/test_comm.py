@@ -339,6 +339,41 @@ def test_a_matrix_all_reduced_again_is_found_by_its_array(rng, alg):
         assert np.array_equal(out, ref) and out.flags.f_contiguous
 
 
+@pytest.mark.parametrize("alg", ["mpi", "ring"])
+def test_matrices_of_every_collective_repeated(rng, alg):
+    """Bare arrays of several dimensions, passed to ringmpi's functions as they are
+    (`comm._whole`), in every collective the drop-in parses, repeated on the same arrays,
+    with MPI's own and with ringmpi's algorithms: mpi4py's own results."""
+    c = ringmpi.Comm(WORLD, allgather=alg, broadcast="pipeline" if alg == "ring" else alg,
+                     alltoall="pairwise" if alg == "ring" else alg, allreduce=alg)
+    b = np.empty((3, 4))
+    x, gathered = np.empty((2, 3), np.int32), np.empty((P, 2, 3), np.int32)
+    a, swapped = np.empty((P, 4), np.float32), np.empty((P, 4), np.float32)
+    inplace = np.empty((P, 3))
+    for i in range(4):
+        root = i % P
+        b[...] = make_data(rng, "float64", 12, "SUM", exact=True).reshape(3, 4) if R == root else 0
+        ref = b.copy()
+        PLAIN.Bcast(ref, root=root)
+        c.Bcast(b, root=root)
+        assert np.array_equal(b, ref), i
+        x[...] = make_data(rng, "int32", 6, "SUM").reshape(2, 3)
+        ref = np.empty_like(gathered)
+        PLAIN.Allgather(x, ref)
+        c.Allgather(x, gathered)
+        assert np.array_equal(gathered, ref), i
+        a[...] = make_data(rng, "float32", 4 * P, "SUM", exact=True).reshape(P, 4)
+        ref = np.empty_like(a)
+        PLAIN.Alltoall(a, ref)
+        c.Alltoall(a, swapped)
+        assert np.array_equal(swapped, ref), i
+        inplace[R] = make_data(rng, "float64", 3, "SUM", exact=True)
+        ref = inplace.copy()
+        PLAIN.Allgather(MPI.IN_PLACE, ref)
+        c.Allgather(MPI.IN_PLACE, inplace)
+        assert np.array_equal(inplace, ref), i
+
+
 def test_repeated_calls_on_bytes_like_buffers(comm):
     """mpi4py's demo style, repeated: [buf, count, type] lists over mmap and bytearray
     buffers, IN_PLACE, with MPI's own chosen (the forms kept, the parsing skipped) and with
