@@ -65,6 +65,10 @@ _MPI_OPS = {name: getattr(MPI, "SUM" if name == "AVG" else name) for name in OPS
 #: numpy type code -> mpi4py's predefined datatype (mpi4py 3 has the table, not the method)
 _type_of_code = getattr(MPI.Datatype, "fromcode", None) or MPI._typedict.__getitem__
 _OTHER_OPS = {n: getattr(MPI, n) for n in ("MAXLOC", "MINLOC", "REPLACE", "NO_OP") if hasattr(MPI, n)}
+#: MPI_Wait on one of MPI's own requests, bound once (`MPITransport.wait_watched`: at a few
+#: bytes a persistent call's start and wait cost about MPI's blocking call, and two
+#: attribute reads a wait showed in it: benchmarks/README.md, "Figures behind constants")
+_WAIT = MPI.Request.Wait
 
 
 def library_version() -> str:
@@ -548,17 +552,17 @@ class MPITransport(_Wire):
         it); MPI's error as `failed` makes it (the other ranks told), or None. The caller
         decides what an error does to its request. An interrupt is raised as it is and
         leaves the call in flight."""
-        before = self.busy, self.current
+        busy, current = self.busy, self.current
         self.busy, self.current = label, seq
         try:
-            MPI.Request.Wait(request, status)
+            _WAIT(request, status)
         except Exception as err:   # noqa: BLE001
             raised = self.failed(err, label, seq)
             if raised is not err:
                 raised.__cause__ = err
             return raised
         finally:
-            self.busy, self.current = before
+            self.busy, self.current = busy, current
         return None
 
     def request_view(self, label: str) -> "RequestView":
