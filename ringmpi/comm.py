@@ -199,14 +199,15 @@ def _reduction(sendbuf: Any, recvbuf: Any, op: Any) -> tuple[np.ndarray, np.ndar
 
 
 def _whole(buf: Any, flat: np.ndarray) -> np.ndarray:
-    """`buf` itself where `flat` is the whole of it, a C-contiguous array of several
-    dimensions flattened (`_array`; one in Fortran order stays flat: the call pairs
-    elements in memory order): ringmpi's functions take it as it is, and the memos
-    that find a call's plan by its arrays (`Comm._remember`, the requests' `RequestMemo`)
-    then find the very array the next call passes, where a fresh flat view each call is
-    never found (a matrix's gradient all-reduced every step took the full path each time)."""
-    return buf if flat.base is buf and type(buf) is np.ndarray and buf.flags.c_contiguous and flat.size == buf.size \
-        else flat
+    """`buf` itself where the call passed a bare C-contiguous array, of which `_message`
+    made `flat` (no count, datatype or displacement: all of its memory, in its order);
+    one in Fortran order stays flat (the call pairs elements in memory order). ringmpi's
+    functions take the array as it is, and the memos that find a call's plan by its arrays
+    (`Comm._remember`, the requests' `RequestMemo`) then find the very array the next call
+    passes, where a fresh flat view each call is never found (a matrix's gradient
+    all-reduced every step took the full path each time), a matrix that is itself a view
+    of a larger buffer included."""
+    return buf if type(buf) is np.ndarray and buf.flags.c_contiguous and flat.size == buf.size else flat
 
 
 def _message(msg: Any, writable: bool) -> _Msg | None:

@@ -310,9 +310,10 @@ def test_a_matrix_all_reduced_again_is_found_by_its_array(rng, alg):
     died, as earlier tests' did) and its nonblocking calls start the request kept for it
     (the same persistent request each time, once the first call's set-up is done), as a
     flat array's do; the results are mpi4py's own, and one in Fortran order is still
-    paired element by element in memory order."""
+    paired element by element in memory order. The receive buffer is a view of a larger
+    buffer, as a gradient in a flat gradient buffer is."""
     c = ringmpi.Comm(WORLD, allreduce=alg)
-    send, recv = np.empty((6, 5)), np.empty((6, 5))
+    send, recv = np.empty((6, 5)), np.empty(40)[5:35].reshape(6, 5)
     ref = np.empty((6, 5))
 
     def fresh() -> None:
