@@ -231,6 +231,12 @@ class Margins(NamedTuple):
     measured: float = REQUEST_MARGIN
     seconds: float = 0.0
 
+    def mpi_first(self, margin: float, mpi_s: float, ours_s: float) -> bool:
+        """Whether a request runs MPI's own (`mpi_s`, blocking) over ringmpi's best
+        (`ours_s`): `margin` (`predicted` or `measured`) times faster than ringmpi's with
+        `seconds` added."""
+        return margin * mpi_s <= ours_s + self.seconds
+
 
 def choose_request(view: Any, g: Any, call: Call, margins: Margins = Margins()) -> dict:
     """What `auto` runs for a request (`ringmpi.requests`; `view` its transport): the
@@ -248,7 +254,7 @@ def choose_request(view: Any, g: Any, call: Call, margins: Margins = Margins()) 
         return {"algorithm": forced, "why": "forced by RINGMPI_ALGO", "collective": collective}
     tuner = g.tuners.get(_bucket(view, call)) if st.tune else None
     if tuner is not None and tuner.winner is not None:
-        name = _request_winner(tuner, view, call, margins.measured, margins.seconds)
+        name = _request_winner(tuner, view, call, margins)
         if name is not None:
             choice = tuner.choice(name)
             del choice["tuner"]
@@ -267,31 +273,32 @@ def choose_request(view: Any, g: Any, call: Call, margins: Margins = Margins()) 
         preds = choice["predicted_s"]
         ours = {a: s for a, s in preds.items() if a != "mpi"}
         best = min(ours, key=ours.get) if ours else None
-        if best is not None and "mpi" in preds and \
-                (choice["algorithm"] == "mpi") != (margins.predicted * preds["mpi"] <= preds[best] + margins.seconds):
-            choice["algorithm"] = best if choice["algorithm"] == "mpi" else "mpi"
-            choice["why"] += (f"; MPI's own nonblocking collective only where {margins.predicted:g}x faster than "
-                              f"ringmpi's as a request (+{margins.seconds * 1e6:g} us)")
+        if best is not None and "mpi" in preds:
+            mpi_first = margins.mpi_first(margins.predicted, preds["mpi"], preds[best])
+            if mpi_first != (choice["algorithm"] == "mpi"):
+                choice["algorithm"] = "mpi" if mpi_first else best
+                choice["why"] += (f"; MPI's own nonblocking collective only where {margins.predicted:g}x faster than "
+                                  f"ringmpi's as a request (+{margins.seconds * 1e6:g} us)")
         choice.update(collective=collective, bytes=call.count * call.itemsize)
         g.request_choices.put(ckey, choice)
     return choice
 
 
-def _request_winner(tuner: "Tuner", view: Any, call: Call, margin: float, seconds: float = 0.0) -> str | None:
+def _request_winner(tuner: "Tuner", view: Any, call: Call, margins: Margins) -> str | None:
     """Of the algorithms a tuner measured (blocking calls, the same times on every rank),
-    the one a request runs: the fastest of ringmpi's that can run as a request unless MPI's
-    own is `margin` times faster than it with `seconds` added (its nonblocking collective
-    is another implementation, which can be much slower than the blocking one it was
-    measured as: benchmarks/README.md, "Requests on the algorithm measured"; ringmpi's
-    request costs its caller `seconds` more than its blocking call), the tuner's winner
-    where that is it; None where none measured can run."""
+    the one a request runs: the fastest of ringmpi's that can run as a request (the tuner's
+    winner where that is it) unless MPI's own comes first by `margins.mpi_first` (its
+    nonblocking collective is another implementation, which can be much slower than the
+    blocking one it was measured as: benchmarks/README.md, "Requests on the algorithm
+    measured"; ringmpi's request costs its caller `margins.seconds` more than its blocking
+    call); None where none measured can run."""
     collective, tuned = call.collective.name, tuner.tuned
     runs = [a for a in tuned if not _alg.get(collective, a).refuses(view, call)]
     if not runs:
         return None
     ours = [a for a in runs if a != "mpi"]
     best = tuner.winner if tuner.winner in ours else min(ours, key=tuned.get) if ours else None
-    if best is None or "mpi" in runs and margin * tuned["mpi"] <= tuned[best] + seconds:
+    if best is None or "mpi" in runs and margins.mpi_first(margins.measured, tuned["mpi"], tuned[best]):
         return "mpi"
     return best
 
